@@ -1,0 +1,183 @@
+"""One typed configuration for a benchmark run.
+
+The same ``BenchmarkConfig`` flows through the CLI (``python -m pipelines``), the Airflow
+DAG params and the reports.  Values are layered: a named profile gives the defaults, then
+overrides (DAG params, ``--set key=value`` on the CLI) replace single fields.  Unknown keys
+and wrong types are refused with a message that names the field and the allowed values.
+
+    >>> cfg = load_config("smoke", {"epochs": 3})
+    >>> cfg.epochs
+    3
+"""
+
+from __future__ import annotations
+
+import json
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+DEFAULT_DATASET = "stanfordnlp/imdb"  # hub dataset id; a local folder works too
+DEFAULT_MODEL = "prajjwal1/bert-tiny"  # hub model id; a local folder works too
+
+
+class Backend(str, Enum):
+    """Training platforms under comparison. Adding one = a member here + an adapter module."""
+
+    DDP = "ddp"
+    SPARK = "spark"
+    DETERMINED = "determined"
+
+
+class ConfigError(ValueError):
+    """A configuration value is wrong; the message names the field and what is allowed."""
+
+
+class BenchmarkConfig(BaseModel):
+    """Everything that decides what a benchmark run does. Immutable once built."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    profile: str = "custom"
+
+    # --- data ---------------------------------------------------------------------------
+    dataset_source: str = DEFAULT_DATASET  # hub id, or folder: parquet/csv/jsonl/aclImdb tree
+    train_samples: int | None = Field(None, ge=2)  # stratified sample size; None = all 25k
+    test_samples: int | None = Field(None, ge=2)
+    seed: int = 42  # sampling, model init, shuffling: same seed -> same run
+    min_text_chars: int = Field(1, ge=1)  # GX bounds on raw review length
+    max_text_chars: int = Field(20_000, ge=1)
+    min_class_fraction: float = Field(0.4, gt=0, le=0.5)  # GX class-balance bound per label
+    max_seq_len: int = Field(128, ge=8, le=512)
+    tokenizer_source: str = DEFAULT_MODEL  # hub id or local folder with tokenizer files
+
+    # --- model & training ------------------------------------------------------------------
+    model_source: str = DEFAULT_MODEL  # hub id / folder; no weights there -> random init
+    backends: list[Backend] = Field(default_factory=lambda: list(Backend), min_length=1)
+    worker_counts: list[int] = Field(default_factory=lambda: [1, 2], min_length=1)
+    epochs: int = Field(2, ge=1, le=1000)
+    batch_size: int = Field(32, ge=1, le=4096)  # per worker
+    learning_rate: float = Field(1e-4, gt=0, lt=1)
+    weight_decay: float = Field(0.01, ge=0)
+    warmup_ratio: float = Field(0.1, ge=0, lt=1)
+    repeats: int = Field(1, ge=1, le=100)
+    threads_per_worker: int = Field(1, ge=1)  # torch intra-op threads per rank on CPU
+    target_accuracy: float = Field(0.7, gt=0, le=1)  # for time-to-accuracy
+
+    # --- engines (scale-out is configuration only) -----------------------------------------
+    spark_master: str = "local[*]"  # or spark://host:7077 (barrier mode)
+    ddp_nnodes: int = Field(1, ge=1)
+    ddp_node_rank: int = Field(0, ge=0)
+    ddp_rdzv_endpoint: str | None = None  # host:port; None -> --standalone
+    determined_master: str | None = None  # None -> local Trainer; else DET_MASTER
+
+    # --- tracking, reporting, output -------------------------------------------------------
+    output_root: str = "runs"
+    mlflow_tracking_uri: str | None = None  # None -> sqlite:///<output_root>/mlflow.db
+    mlflow_experiment: str = "distributed-training-benchmark"
+    price_per_worker_hour: float = Field(0.0, ge=0)
+    regression_time_threshold: float = Field(0.25, gt=0)  # slowdown fraction that fails
+    regression_accuracy_drop: float = Field(0.05, gt=0)  # absolute accuracy drop that fails
+
+    @field_validator("worker_counts")
+    @classmethod
+    def _positive_unique_workers(cls, v: list[int]) -> list[int]:
+        if any(n < 1 for n in v):
+            raise ValueError("every worker count must be >= 1")
+        return sorted(set(v))
+
+    @field_validator("backends")
+    @classmethod
+    def _unique_backends(cls, v: list[Backend]) -> list[Backend]:
+        return list(dict.fromkeys(v))
+
+    def resolved_tracking_uri(self) -> str:
+        """MLflow URI: explicit value, else a SQLite store in the output root (never cwd)."""
+        if self.mlflow_tracking_uri:
+            return self.mlflow_tracking_uri
+        return f"sqlite:///{Path(self.output_root).resolve() / 'mlflow.db'}"
+
+    def cells(self) -> list[tuple[Backend, int, int]]:
+        """Every (backend, workers, repeat) training cell of this run, in a stable order."""
+        return [
+            (b, n, r)
+            for r in range(self.repeats)
+            for b in self.backends
+            for n in self.worker_counts
+        ]
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=2)
+
+
+PROFILES: dict[str, dict[str, Any]] = {
+    # Minutes on 2 CPU cores: the README's main command and CI use it.
+    "smoke": dict(
+        train_samples=400, test_samples=200, max_seq_len=64, epochs=2, batch_size=16,
+        learning_rate=5e-4, worker_counts=[1, 2], repeats=1, target_accuracy=0.55,
+        min_class_fraction=0.35,
+    ),
+    # Every night: big enough for stable medians, small enough for a CPU box.
+    "nightly": dict(
+        train_samples=4000, test_samples=2000, max_seq_len=128, epochs=3, batch_size=32,
+        learning_rate=2e-4, worker_counts=[1, 2], repeats=3, target_accuracy=0.7,
+    ),
+    # The published study: full IMDB, 20 epochs, up to 3 workers.
+    "paper": dict(
+        train_samples=None, test_samples=None, max_seq_len=128, epochs=20, batch_size=32,
+        learning_rate=1e-4, worker_counts=[1, 2, 3], repeats=1, target_accuracy=0.8,
+    ),
+}
+
+
+def _format_error(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        field = ".".join(str(p) for p in e["loc"]) or "config"
+        allowed = ""
+        if field.split(".")[0] == "backends":
+            allowed = f" (allowed: {', '.join(b.value for b in Backend)})"
+        elif e["type"] == "extra_forbidden":
+            allowed = f" (known fields: {', '.join(BenchmarkConfig.model_fields)})"
+        lines.append(f"{field}: {e['msg']}{allowed}; got {e.get('input')!r}")
+    return "invalid benchmark config:\n  " + "\n  ".join(lines)
+
+
+def load_config(profile: str = "smoke", overrides: dict[str, Any] | None = None) -> BenchmarkConfig:
+    """Profile defaults, then overrides (None values mean 'keep the profile's')."""
+    if profile not in PROFILES:
+        raise ConfigError(f"profile: unknown profile {profile!r} (allowed: {', '.join(PROFILES)})")
+    values: dict[str, Any] = {**PROFILES[profile], "profile": profile}
+    values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    try:
+        return BenchmarkConfig(**values)
+    except ValidationError as err:
+        raise ConfigError(_format_error(err)) from None
+
+
+def parse_set_options(pairs: list[str]) -> dict[str, Any]:
+    """``["epochs=3", "backends=[\\"ddp\\"]"]`` -> dict; values are JSON if they parse, else str."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep:
+            raise ConfigError(f"--set {pair!r}: expected key=value")
+        try:
+            out[key.strip()] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key.strip()] = raw
+    return out
+
+
+def save_config(config: BenchmarkConfig, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(config.to_json())
+
+
+def read_config(path: Path) -> BenchmarkConfig:
+    try:
+        return BenchmarkConfig.model_validate_json(Path(path).read_text())
+    except ValidationError as err:
+        raise ConfigError(f"{path}: " + _format_error(err)) from None

@@ -1,0 +1,1 @@
+"""Data stage: ingest -> validate (Great Expectations) -> preprocess (Spark tokenization)."""

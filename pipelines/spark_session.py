@@ -1,0 +1,46 @@
+"""A SparkSession configured for this project: local by default, any master URL by config.
+
+Sets what Spark needs on a single machine (loopback driver, the venv's python for workers)
+and the project root on the workers' PYTHONPATH so ``pipelines`` imports there.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def spark_env() -> dict[str, str]:
+    """Environment the driver and its python workers need (idempotent)."""
+    pythonpath = os.environ.get("PYTHONPATH", "")
+    if str(PROJECT_ROOT) not in pythonpath.split(os.pathsep):
+        pythonpath = os.pathsep.join(p for p in (str(PROJECT_ROOT), pythonpath) if p)
+    return {
+        "SPARK_LOCAL_IP": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"),
+        "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
+        "PYSPARK_DRIVER_PYTHON": os.environ.get("PYSPARK_DRIVER_PYTHON", sys.executable),
+        "PYTHONPATH": pythonpath,
+    }
+
+
+def get_spark(master: str = "local[*]", app_name: str = "pipelines", conf: dict[str, str] | None = None):
+    """Build (or reuse) the SparkSession. pyspark is imported here, never at module top."""
+    os.environ.update(spark_env())
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config("spark.driver.host", os.environ["SPARK_LOCAL_IP"])
+        .config("spark.driver.bindAddress", os.environ["SPARK_LOCAL_IP"])
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"])
+        .config("spark.executorEnv.PYSPARK_PYTHON", os.environ["PYSPARK_PYTHON"])
+    )
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
