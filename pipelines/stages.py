@@ -68,3 +68,46 @@ def data_stage(run_dir: str) -> dict:
         "preprocess": preprocess(run_dir),
         "validate_tokens": validate_tokens(run_dir),
     }
+
+
+def train_cell(run_dir: str, backend: str, workers: int, repeat: int = 0) -> dict:
+    """Train one (backend, workers, repeat) cell; writes cells/<cell>/result.json.
+
+    Resumes from the cell's last checkpoint when it is run again (Airflow retry).
+    """
+    from pipelines.backends import run_cell
+    from pipelines.tracking import cell_tracking
+
+    config, paths = _load(run_dir)
+    with cell_tracking(config, paths, Backend(backend), workers, repeat):
+        result = run_cell(config, paths, Backend(backend), workers, repeat)
+    return {"cell": paths.cell(backend, workers, repeat).name, "status": result.status,
+            "total_seconds": result.total_seconds}
+
+
+def evaluate(run_dir: str) -> dict:
+    """Read every cell's result.json: time-to-accuracy, aggregates -> report/summary.json."""
+    from pipelines.evaluation import evaluate_run
+
+    return evaluate_run(*_load(run_dir))
+
+
+def report(run_dir: str) -> dict:
+    """Comparison table and plots -> report/report.{html,md}, *.png."""
+    from pipelines.report import build_report
+
+    return build_report(*_load(run_dir))
+
+
+def track(run_dir: str) -> dict:
+    """Log the run folder to MLflow (parent + nested runs). Idempotent; files stay the truth."""
+    from pipelines.tracking import log_benchmark
+
+    return log_benchmark(*_load(run_dir))
+
+
+def check_regression(run_dir: str) -> dict:
+    """Compare with the last successful run of the same profile in MLflow; raise on regression."""
+    from pipelines.regression import check_regression as _check
+
+    return _check(*_load(run_dir))
