@@ -70,6 +70,12 @@ def data_stage(run_dir: str) -> dict:
     }
 
 
+def planned_cells(run_dir: str) -> list[tuple[str, int, int]]:
+    """Every (backend, workers, repeat) of the run, JSON-friendly (for Airflow mapping)."""
+    config, _ = _load(run_dir)
+    return [(b.value, n, r) for b, n, r in config.cells()]
+
+
 def train_cell(run_dir: str, backend: str, workers: int, repeat: int = 0) -> dict:
     """Train one (backend, workers, repeat) cell; writes cells/<cell>/result.json.
 

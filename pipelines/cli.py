@@ -1,0 +1,122 @@
+"""Command line: the whole benchmark, or one step of it, without Airflow.
+
+    python -m pipelines data  --profile smoke --output runs [--set key=value ...]
+    python -m pipelines train --backend ddp --workers 2 --profile smoke --output runs
+    python -m pipelines run   --profile smoke --output runs
+    python -m pipelines report runs/<run_id>          # re-report from the run folder alone
+
+``--output`` is the output root; each invocation works in ``<output>/<run_id>/`` (``--run-id``
+names it; default ``<profile>-<UTC timestamp>``). Pass ``--run-dir`` to continue in an existing
+run folder (its config.json wins): a re-run resumes training from the last checkpoints.
+Config overrides: ``--set epochs=3 --set 'backends=["ddp","spark"]'`` (JSON values).
+Exit status: 0 success, 1 a step failed (message names it), 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+from pipelines import stages
+from pipelines.config import PROFILES, Backend, ConfigError, parse_set_options
+
+log = logging.getLogger("pipelines")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m pipelines", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def with_run_options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument("--profile", default="smoke", choices=sorted(PROFILES))
+        p.add_argument("--output", help="output root (default: the profile's, 'runs')")
+        p.add_argument("--run-id", help="run folder name under the output root")
+        p.add_argument("--run-dir", help="continue in this existing run folder")
+        p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                       help="override one config field (JSON value); repeatable")
+        return p
+
+    with_run_options(sub.add_parser("data", help="ingest, validate and tokenize"))
+    train = with_run_options(sub.add_parser("train", help="train one (backend, workers) cell"))
+    train.add_argument("--backend", required=True, choices=[b.value for b in Backend])
+    train.add_argument("--workers", required=True, type=int)
+    train.add_argument("--repeat", type=int, default=0)
+    with_run_options(sub.add_parser("run", help="the whole benchmark: data, every cell, report"))
+    report = sub.add_parser("report", help="evaluate + report (+ MLflow) from a finished run folder")
+    report.add_argument("run_dir")
+    report.add_argument("--no-mlflow", action="store_true", help="write files only")
+    return parser
+
+
+def _run_dir(args: argparse.Namespace) -> str:
+    if args.run_dir:
+        if not (Path(args.run_dir) / "config.json").exists():
+            raise ConfigError(f"--run-dir {args.run_dir}: no config.json there (not a run folder)")
+        return str(Path(args.run_dir).resolve())
+    overrides = parse_set_options(args.overrides)
+    if args.output:
+        overrides["output_root"] = args.output
+    run_id = args.run_id or f"{args.profile}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+    return stages.prepare_run(args.profile, overrides, run_id)
+
+
+def _ensure_data(run_dir: str) -> None:
+    """Run the data stage unless its token shards are already there (a resumed run)."""
+    if not any((Path(run_dir) / "tokens" / "test").glob("part-*.parquet")):
+        log.info("data stage: %s", json.dumps(stages.data_stage(run_dir), default=str))
+
+
+def _finish(run_dir: str, with_mlflow: bool = True) -> None:
+    """Evaluate and report from files; then MLflow, whose failure loses nothing."""
+    stages.evaluate(run_dir)
+    written = stages.report(run_dir)
+    log.info("report: %s", written)
+    if with_mlflow:
+        try:
+            log.info("mlflow: %s", stages.track(run_dir))
+        except Exception as err:  # the run folder stays complete; re-run `report` later
+            log.warning("MLflow logging failed (%s); re-log with: python -m pipelines report %s", err, run_dir)
+            return
+        log.info("regression check: %s", stages.check_regression(run_dir))
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "report":
+            _finish(str(Path(args.run_dir).resolve()), with_mlflow=not args.no_mlflow)
+            return 0
+        run_dir = _run_dir(args)
+        print(f"run folder: {run_dir}", flush=True)
+        if args.command == "data":
+            _ensure_data(run_dir)
+        elif args.command == "train":
+            _ensure_data(run_dir)
+            print(json.dumps(stages.train_cell(run_dir, args.backend, args.workers, args.repeat)))
+        elif args.command == "run":
+            _ensure_data(run_dir)
+            failed = []
+            for backend, workers, repeat in stages.planned_cells(run_dir):
+                try:
+                    stages.train_cell(run_dir, backend, workers, repeat)
+                except Exception as err:  # recorded in the cell's result.json; the report lists it
+                    log.error("cell %s w%d r%d failed: %s", backend, workers, repeat, err)
+                    failed.append(f"{backend}-w{workers}-r{repeat}")
+            _finish(run_dir)
+            if failed:
+                print(f"failed cells: {', '.join(failed)}; re-run with --run-dir {run_dir} to resume them")
+                return 1
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except Exception as err:
+        log.debug("failure", exc_info=True)
+        print(f"error: {type(err).__name__}: {err}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Create .venv and install the project's pinned dependencies (idempotent).
+# torch comes first from the CPU wheel: otherwise pip resolves a multi-GB CUDA build.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PY="${PYTHON:-python3.11}"
+command -v "$PY" >/dev/null || PY=python3
+if [ ! -x "$ROOT/.venv/bin/python" ]; then
+  "$PY" -m venv "$ROOT/.venv"
+fi
+VPY="$ROOT/.venv/bin/python"
+stamp="$ROOT/.venv/.requirements.sha256"
+want="$(sha256sum "$ROOT/requirements.txt" | cut -d' ' -f1)"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  "$VPY" -m pip install -q --upgrade pip
+  "$VPY" -m pip install -q "torch==2.13.0"
+  "$VPY" -m pip install -q -r "$ROOT/requirements.txt"
+  echo "$want" > "$stamp"
+fi
+"$VPY" -c "import torch, airflow, pyspark, great_expectations, mlflow, determined, transformers; print('deps ok: torch', torch.__version__, 'airflow', airflow.__version__)"
