@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# System packages the tests need: Java 17 (Spark) and Debian's Chromium (browser e2e test).
+set -euo pipefail
+missing=()
+command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
+command -v chromium >/dev/null || missing+=(chromium)
+command -v unshare >/dev/null || missing+=(util-linux)
+command -v ip >/dev/null || missing+=(iproute2)
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" != 0 ]; then echo "please install: ${missing[*]} (needs root)" >&2; exit 1; fi
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+echo "system deps ok: $(java -version 2>&1 | head -1); $(chromium --version 2>/dev/null)"

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# README command (b): set up everything on a fresh machine, then run the whole test suite.
+#   bash scripts/test.sh [pytest args]      e.g.  bash scripts/test.sh -m "not e2e"
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+bash scripts/system_deps.sh
+bash scripts/bootstrap.sh
+bash scripts/services.sh
+# shellcheck disable=SC1091
+source scripts/airflow_env.sh
+exec "$ROOT/.venv/bin/python" -m pytest --durations=25 --timeout=1200 "$@"
