@@ -1,0 +1,64 @@
+"""Training backends behind one interface, and ``run_cell``, the entry point of a cell.
+
+    from pipelines.backends import run_cell
+    result = run_cell(config, paths, Backend.DDP, workers=2, repeat=0)
+
+``run_cell`` writes ``cells/<backend>-w<N>-r<repeat>/result.json``; on failure it writes a
+result with ``status="failed"`` and the reason, then re-raises. Adding a backend (Ray Train)
+= one member in ``pipelines.config.Backend`` + one module with a ``TrainingBackend`` subclass
+registered in ``_REGISTRY``. Heavy libraries (torch, pyspark, determined) are imported only
+when a backend is built, so importing this package is cheap (Airflow DAG parsing).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import traceback
+from typing import TYPE_CHECKING
+
+from pipelines.config import Backend, BenchmarkConfig
+from pipelines.paths import RunPaths
+from pipelines.results import CellResult
+
+if TYPE_CHECKING:
+    from pipelines.backends.base import TrainingBackend
+
+log = logging.getLogger(__name__)
+
+# Backend -> "module:class", resolved lazily.
+_REGISTRY: dict[Backend, str] = {
+    Backend.DDP: "pipelines.backends.ddp:DDPBackend",
+    Backend.SPARK: "pipelines.backends.spark:SparkBackend",
+    Backend.DETERMINED: "pipelines.backends.determined:DeterminedBackend",
+}
+
+
+def get_backend(backend: Backend | str) -> "TrainingBackend":
+    try:
+        key = Backend(backend)
+        target = _REGISTRY[key]
+    except (ValueError, KeyError):
+        raise ValueError(f"unknown backend {backend!r} (known: {', '.join(b.value for b in _REGISTRY)})") from None
+    module, _, cls = target.partition(":")
+    return getattr(importlib.import_module(module), cls)()
+
+
+def run_cell(config: BenchmarkConfig, paths: RunPaths, backend: Backend | str, workers: int,
+             repeat: int = 0) -> CellResult:
+    """Train one cell; always leaves a result.json (ok or failed) in the cell folder."""
+    backend = Backend(backend)
+    cell_dir = paths.cell(backend, workers, repeat)
+    try:
+        return get_backend(backend).run(config, workers, paths=paths, cell_dir=cell_dir, repeat=repeat)
+    except BaseException as err:  # KeyboardInterrupt / task kill too: record why, then re-raise
+        reason = f"{type(err).__name__}: {err}".strip()
+        log.error("cell %s failed: %s\n%s", cell_dir.name, reason, traceback.format_exc())
+        CellResult(backend=backend, world_size=workers, repeat=repeat, status="failed",
+                   error=reason[-4000:], model_name=config.model_source,
+                   seed=config.seed, batch_size_per_worker=config.batch_size,
+                   max_seq_len=config.max_seq_len).write(cell_dir / "result.json")
+        raise
+
+
+__all__ = ["Backend", "get_backend", "run_cell"]

@@ -1,0 +1,147 @@
+"""Overhead of each backend against bare torchrun, on the same model, data size and steps.
+
+    .venv/bin/python bench/backend_overhead.py                      # full: 4k reviews, 3 epochs
+    .venv/bin/python bench/backend_overhead.py --train-samples 256 --test-samples 128 \\
+        --epochs 2 --seq-len 64 --batch-size 16                     # a quick check
+
+First a bare torchrun job (this file re-run as ``--bare-worker``: plain DDP, no project code,
+BERT-tiny from its config, same steps/batch/sequence length), then every backend's real cell
+(``pipelines.backends.run_cell``) on token shards of the real IMDB copy. Prints steady-state
+training time (forward/backward/step only) and its ratio to bare torchrun and to ddp, and
+start-up / total wall time separately. Targets at full size: ddp <= 1.03x bare; spark <= 1.10x
+and determined <= 1.05x of ddp. Writes ``<out>/overhead.json``. Needs ../shared/data (or
+SHARED_DATA) and 2+ free cores for world size 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+SHARED = Path(os.environ.get("SHARED_DATA", ROOT.parent / "shared" / "data"))
+
+
+def bare_worker(args) -> None:
+    """Minimal DDP loop under torchrun: only torch + transformers."""
+    import torch
+    import torch.distributed as dist
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    torch.set_num_threads(args.threads)
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    rank = int(os.environ.get("RANK", 0))
+    if world > 1:
+        dist.init_process_group("gloo")
+    torch.manual_seed(args.seed)
+    model = AutoModelForSequenceClassification.from_config(
+        AutoConfig.from_pretrained(args.model, num_labels=2))
+    ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    steps = math.ceil(math.ceil(args.train_samples / world) / args.batch_size)
+    gen = torch.Generator().manual_seed(args.seed + rank)
+    ids = torch.randint(1000, 30000, (args.batch_size, args.seq_len), generator=gen)
+    mask = torch.ones_like(ids)
+    labels = torch.randint(0, 2, (args.batch_size,), generator=gen)
+    train = 0.0
+    for _ in range(args.epochs):
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            loss = torch.nn.functional.cross_entropy(ddp(input_ids=ids, attention_mask=mask).logits, labels)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        train += time.perf_counter() - t0
+    if rank == 0:
+        Path(args.bare_out).write_text(json.dumps({"training_seconds": train}))
+    if world > 1:
+        dist.destroy_process_group()
+
+
+def run_bare(args, out: Path) -> dict:
+    result = out / "bare.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+           "--nproc-per-node", str(args.workers), "--monitor-interval", "0.1", __file__, "--bare-worker",
+           "--bare-out", str(result), *(f"--{k.replace('_', '-')}={v}" for k, v in (
+               ("train_samples", args.train_samples), ("epochs", args.epochs), ("seq_len", args.seq_len),
+               ("batch_size", args.batch_size), ("threads", args.threads), ("seed", args.seed),
+               ("model", args.model)))]
+    t0 = time.time()
+    subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
+    return {**json.loads(result.read_text()), "total_seconds": time.time() - t0}
+
+
+def make_shards(args, paths) -> None:
+    import pandas as pd
+
+    from pipelines.data.tokens import tokenize_frame
+
+    for split, n in (("train", args.train_samples), ("test", args.test_samples)):
+        frame = pd.read_parquet(SHARED / "imdb" / f"{split}.parquet")
+        frame = pd.concat(g.sample(n // 2, random_state=args.seed) for _, g in frame.groupby("label"))
+        out = paths.token_split(split)
+        out.mkdir(parents=True, exist_ok=True)
+        tokenize_frame(frame.sample(frac=1.0, random_state=args.seed), args.model, args.seq_len) \
+            .to_parquet(out / "part-00000.parquet")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description="backend overhead vs bare torchrun")
+    p.add_argument("--train-samples", type=int, default=4000)
+    p.add_argument("--test-samples", type=int, default=1000)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--backends", default="ddp,spark,determined")
+    p.add_argument("--model", default=str(SHARED / "bert-tiny"))
+    p.add_argument("--out", default=None, help="output folder (default: a temp folder)")
+    p.add_argument("--bare-worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--bare-out", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.bare_worker:
+        return bare_worker(args)
+
+    from pipelines.backends import run_cell
+    from pipelines.config import load_config
+    from pipelines.paths import RunPaths
+
+    out = Path(args.out or tempfile.mkdtemp(prefix="overhead-"))
+    paths = RunPaths(out / "run")
+    make_shards(args, paths)
+    config = load_config("nightly", dict(
+        model_source=args.model, tokenizer_source=args.model, output_root=str(out),
+        max_seq_len=args.seq_len, epochs=args.epochs, batch_size=args.batch_size,
+        threads_per_worker=args.threads, seed=args.seed, spark_master=f"local[{max(2, args.workers)}]",
+        train_samples=args.train_samples, test_samples=args.test_samples))
+    rows = {"bare": run_bare(args, out)}
+    for name in args.backends.split(","):
+        r = run_cell(config, paths, name, args.workers, 0)
+        rows[name] = {"training_seconds": r.training_seconds, "startup_seconds": r.startup_seconds,
+                      "evaluation_seconds": r.evaluation_seconds, "total_seconds": r.total_seconds}
+    bare, ddp = rows["bare"]["training_seconds"], rows.get("ddp", {}).get("training_seconds")
+    print(f"\n{args.workers} worker(s), {args.train_samples} reviews x {args.epochs} epochs, "
+          f"batch {args.batch_size}/worker, seq {args.seq_len}")
+    print(f"{'path':<11}{'train s':>9}{'x bare':>8}{'x ddp':>7}{'start-up s':>12}{'total s':>9}")
+    for name, row in rows.items():
+        row["x_bare"] = row["training_seconds"] / bare
+        row["x_ddp"] = row["training_seconds"] / ddp if ddp else None
+        print(f"{name:<11}{row['training_seconds']:>9.2f}{row['x_bare']:>8.3f}"
+              f"{row['x_ddp'] if row['x_ddp'] else float('nan'):>7.3f}"
+              f"{row.get('startup_seconds', float('nan')):>12.2f}{row['total_seconds']:>9.2f}")
+    (out / "overhead.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2))
+    print(f"written {out / 'overhead.json'}")
+
+
+if __name__ == "__main__":
+    main()

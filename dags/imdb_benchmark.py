@@ -1,0 +1,299 @@
+"""
+### IMDB distributed-training benchmark
+
+Trains BERT-tiny on IMDB sentiment through **PyTorch DDP** (torchrun), **Spark
+TorchDistributor** and **Determined AI** at several worker counts, then compares time,
+accuracy, scaling and platform overhead, and logs everything to MLflow.
+
+```
+prepare_run -> ingest -> validate_snapshot -> preprocess -> validate_tokens
+  -> train.plan_wN -> train.wN   for N = 1..4 (mapped: one instance per backend x repeat)
+  -> evaluate (runs when every cell is done, failed ones included) -> report -> track
+  -> check_regression
+```
+
+Every task calls one function of `pipelines.stages` with the run folder
+`<output_root>/<run_id>/`; XCom carries only that path and the small dicts the stages
+return. Each step reads the resolved config from `<run folder>/config.json`, so a task can be
+cleared and re-run on its own.
+
+**Params** (trigger form): `profile` picks the defaults (smoke = minutes on a laptop,
+nightly = the scheduled run, paper = the published study); every other field left empty
+keeps the profile's value. `overrides` sets any other `BenchmarkConfig` field.
+Fields left empty that the machine must supply (data, tokenizer, model, output folder) come
+from the environment: `BENCHMARK_OUTPUT_ROOT`, `BENCHMARK_DATASET_SOURCE`,
+`BENCHMARK_TOKENIZER_SOURCE`, `BENCHMARK_MODEL_SOURCE` (set by `scripts/airflow_env.sh`).
+
+**Training slots.** Each `train.wN` task takes N slots of the pool `training_workers`
+(`scripts/airflow_setup.sh` sizes it to the GPU count, or the CPU count without GPUs), so the
+cells running at once never ask for more workers than the machine has. Airflow cannot give
+each mapped instance its own `pool_slots` (apache/airflow#35803), hence one mapped task per
+worker count, fed by a small `plan_wN` task; those without cells are skipped. Worker counts
+above 4 or above the pool's size are refused by `prepare_run` (a task asking more slots than
+its pool holds would never be scheduled). Train cells retry twice and resume from their last
+checkpoint.
+
+**Schedule**: every night at 02:00 UTC with the nightly profile; unpausing does not start a
+run for the past night. One run at a time.
+
+Run it without a server:
+`airflow dags test imdb_benchmark -c '{"profile": "smoke"}'` (after
+`source scripts/airflow_env.sh && bash scripts/airflow_setup.sh`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+from airflow.sdk import (
+    CronTriggerTimetable,
+    Param,
+    TaskGroup,
+    TriggerRule,
+    dag,
+    get_current_context,
+    task,
+)
+
+# The dags folder is on sys.path, the project root not always (a plain `airflow standalone`).
+_PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
+if _PROJECT_ROOT not in sys.path:
+    sys.path.insert(0, _PROJECT_ROOT)
+
+# pipelines.config needs only pydantic, which Airflow has already imported: ~5 ms. It keeps the
+# form's choices and bounds identical to the config's. Everything heavy is imported in tasks.
+from pipelines.config import PROFILES, Backend, BenchmarkConfig  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+POOL = "training_workers"
+MAX_WORKERS = 4  # one train task per worker count 1..MAX_WORKERS (see docstring); raise freely
+SLOTS_ENV = "BENCHMARK_TRAINING_SLOTS"  # the pool's size, exported by scripts/airflow_env.sh
+# Machine-specific defaults, read when a run starts (never at parse time).
+SITE_DEFAULT_ENV = {
+    "output_root": "BENCHMARK_OUTPUT_ROOT",
+    "dataset_source": "BENCHMARK_DATASET_SOURCE",
+    "tokenizer_source": "BENCHMARK_TOKENIZER_SOURCE",
+    "model_source": "BENCHMARK_MODEL_SOURCE",
+}
+_JSON_BOUNDS = (("ge", "minimum"), ("gt", "exclusiveMinimum"), ("le", "maximum"), ("lt", "exclusiveMaximum"))
+
+
+def _bounds(field: str) -> dict:
+    """JSON-schema bounds of a config field, taken from its pydantic constraints."""
+    out = {}
+    for constraint in BenchmarkConfig.model_fields[field].metadata:
+        for attr, key in _JSON_BOUNDS:
+            if getattr(constraint, attr, None) is not None:
+                out[key] = getattr(constraint, attr)
+    return out
+
+
+def _number(field: str, kind: str, title: str, description: str, section: str) -> Param:
+    """Optional number: empty (null) keeps the profile's value."""
+    return Param(None, type=[kind, "null"], title=title, description=description, section=section,
+                 **_bounds(field))
+
+
+def _text(title: str, description: str, section: str) -> Param:
+    return Param(None, type=["string", "null"], title=title, description=description, section=section)
+
+
+def _profiles_md() -> str:
+    rows = ["| profile | train / test reviews | seq len | epochs | workers | repeats |", "|---|---|---|---|---|---|"]
+    for name, p in PROFILES.items():
+        rows.append(f"| {name} | {p['train_samples'] or 'all'} / {p['test_samples'] or 'all'} | "
+                    f"{p['max_seq_len']} | {p['epochs']} | {p['worker_counts']} | {p['repeats']} |")
+    return "Defaults for every field left empty below.\n\n" + "\n".join(rows)
+
+
+BACKENDS = [b.value for b in Backend]
+PARAMS = {
+    "profile": Param("nightly", type="string", enum=list(PROFILES), title="Profile",
+                     description_md=_profiles_md(), section="Profile"),
+    "backends": Param(None, type=["array", "null"], title="Backends", minItems=1, uniqueItems=True,
+                      items={"type": "string", "enum": BACKENDS}, examples=BACKENDS, section="Training matrix",
+                      description="Platforms to compare; empty = all."),
+    "worker_counts": Param(None, type=["array", "null"], title="Worker counts", minItems=1,
+                           items={"type": "integer", "minimum": 1, "maximum": MAX_WORKERS},
+                           section="Training matrix",
+                           description=f"World sizes to run, one per line (1..{MAX_WORKERS}); "
+                                       "empty = the profile's."),
+    "repeats": _number("repeats", "integer", "Repeats", "Runs of every cell (for medians).", "Training matrix"),
+    "epochs": _number("epochs", "integer", "Epochs", "Training epochs per cell.", "Training"),
+    "batch_size": _number("batch_size", "integer", "Batch size", "Per worker.", "Training"),
+    "learning_rate": _number("learning_rate", "number", "Learning rate", "AdamW peak learning rate.",
+                             "Training"),
+    "target_accuracy": _number("target_accuracy", "number", "Target accuracy",
+                               "Held-out accuracy that defines time-to-accuracy.", "Training"),
+    "seed": _number("seed", "integer", "Seed", "Sampling, initialisation and shuffling.", "Training"),
+    "train_samples": _number("train_samples", "integer", "Train reviews",
+                             "Stratified sample of the train split.", "Data"),
+    "test_samples": _number("test_samples", "integer", "Test reviews",
+                            "Stratified sample of the test split.", "Data"),
+    "max_seq_len": _number("max_seq_len", "integer", "Max sequence length", "Tokens per review.", "Data"),
+    "dataset_source": _text("Dataset", "Hub id or local folder (parquet/csv/jsonl/aclImdb).", "Sources"),
+    "tokenizer_source": _text("Tokenizer", "Hub id or local folder with tokenizer files.", "Sources"),
+    "model_source": _text("Model", "Hub id or folder; a folder without weights = random init.", "Sources"),
+    "output_root": _text("Output folder", "Run folders are created under it.", "Sources"),
+    "overrides": Param(None, type=["object", "null"], title="Other config fields", section="Advanced",
+                       description_md="JSON object of any other `BenchmarkConfig` field, e.g. "
+                                      '`{"spark_master": "spark://host:7077"}`; unknown keys are refused.'),
+}
+# Form fields that map 1:1 onto BenchmarkConfig fields.
+CONFIG_PARAMS = tuple(k for k in PARAMS if k not in ("profile", "overrides"))
+
+
+def overrides_from_params(params: dict, environ: dict | None = None) -> dict:
+    """Trigger params -> config overrides: site defaults from env, then the non-empty params."""
+    environ = os.environ if environ is None else environ
+    overrides = {field: environ[var] for field, var in SITE_DEFAULT_ENV.items() if environ.get(var)}
+    overrides.update({k: params[k] for k in CONFIG_PARAMS if params.get(k) not in (None, "", [])})
+    overrides.update(params.get("overrides") or {})
+    return overrides
+
+
+def plan_by_workers(cells: list[tuple], pool_slots: int | None) -> dict[str, list[dict]]:
+    """Cells grouped by worker count -> kwargs lists for the train.wN tasks ("w1".."w4")."""
+    plan: dict[str, list[dict]] = {f"w{n}": [] for n in range(1, MAX_WORKERS + 1)}
+    for backend, workers, repeat in cells:
+        if workers > MAX_WORKERS:
+            raise ValueError(f"worker_counts: {workers} is above the DAG's maximum {MAX_WORKERS} "
+                             f"(one train task per count); run it with `python -m pipelines` instead")
+        if pool_slots is not None and workers > pool_slots:
+            # The scheduler never starts a task that asks for more slots than its pool holds.
+            raise ValueError(f"worker_counts: {workers} workers need {workers} slots of pool {POOL!r}, "
+                             f"which has {pool_slots} ({SLOTS_ENV}; GPU or CPU count). Lower worker_counts "
+                             f"or resize the pool: {SLOTS_ENV}={workers} bash scripts/airflow_setup.sh")
+        plan[f"w{workers}"].append({"backend": getattr(backend, "value", backend), "workers": workers,
+                                    "repeat": repeat})
+    return plan
+
+
+def _logged(name: str, result: dict) -> dict:
+    log.info("%s: %s", name, result)
+    return result
+
+
+@dag(
+    dag_id="imdb_benchmark",
+    dag_display_name="IMDB distributed-training benchmark",
+    description="BERT-tiny on IMDB through DDP, Spark TorchDistributor and Determined; report + MLflow",
+    doc_md=__doc__,
+    # Trigger timetable without start_date: unpausing waits for the next 02:00, no catch-up run.
+    schedule=CronTriggerTimetable("0 2 * * *", timezone="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    params=PARAMS,
+    tags=["benchmark", "training", "mlflow"],
+    default_args={"retries": 0},
+)
+def imdb_benchmark():
+    @task
+    def prepare_run() -> str:
+        """Resolve the config (profile + params) and create the run folder; returns its path."""
+        from pipelines import stages
+        from pipelines.config import load_config
+
+        ctx = get_current_context()
+        params = dict(ctx["params"])
+        overrides = overrides_from_params(params)
+        # Refuse worker counts the train tasks cannot run before any work is done.
+        slots = os.environ.get(SLOTS_ENV)
+        plan_by_workers(load_config(params["profile"], overrides).cells(), int(slots) if slots else None)
+        run_dir = stages.prepare_run(params["profile"], overrides, run_id=ctx["run_id"])
+        log.info("run folder: %s", run_dir)
+        return run_dir
+
+    @task
+    def ingest(run_dir: str) -> dict:
+        from pipelines import stages
+
+        return _logged("ingest", stages.ingest(run_dir))
+
+    @task
+    def validate_snapshot(run_dir: str) -> dict:
+        from pipelines import stages
+
+        return _logged("validate_snapshot", stages.validate_snapshot(run_dir))
+
+    @task
+    def preprocess(run_dir: str) -> dict:
+        from pipelines import stages
+
+        return _logged("preprocess", stages.preprocess(run_dir))
+
+    @task
+    def validate_tokens(run_dir: str) -> dict:
+        from pipelines import stages
+
+        return _logged("validate_tokens", stages.validate_tokens(run_dir))
+
+    @task
+    def plan(run_dir: str, workers: int) -> list[dict]:
+        """This run's cells with ``workers`` workers: the kwargs of the train.w<workers> instances."""
+        from pipelines.config import read_config
+        from pipelines.paths import RunPaths
+
+        cells = plan_by_workers(read_config(RunPaths(Path(run_dir)).config).cells(), None)[f"w{workers}"]
+        log.info("cells with %d worker(s): %s", workers, cells or "none (the train task is skipped)")
+        return cells
+
+    @task(pool=POOL, retries=2, retry_delay=timedelta(seconds=10),
+          map_index_template="{{ task.op_kwargs['backend'] }} x{{ task.op_kwargs['workers'] }}"
+                             " r{{ task.op_kwargs['repeat'] }}")
+    def train(run_dir: str, backend: str, workers: int, repeat: int) -> dict:
+        """One cell; a retry resumes from the cell's last checkpoint."""
+        from pipelines import stages
+
+        return _logged(f"train {backend} x{workers} r{repeat}", stages.train_cell(run_dir, backend, workers, repeat))
+
+    @task(trigger_rule=TriggerRule.ALL_DONE)
+    def evaluate(run_dir: str) -> dict:
+        """Runs once every cell is done, failed ones included, so the report shows them."""
+        from pipelines import stages
+        from pipelines.paths import RunPaths
+
+        if not any(RunPaths(Path(run_dir)).cells.glob("*/result.json")):
+            raise RuntimeError(f"no training cell wrote a result under {run_dir}/cells: the data stage or "
+                               "every cell failed before writing one; see the upstream task logs")
+        return _logged("evaluate", stages.evaluate(run_dir))
+
+    @task
+    def report(run_dir: str) -> dict:
+        from pipelines import stages
+
+        return _logged("report", stages.report(run_dir))
+
+    @task
+    def track(run_dir: str) -> dict:
+        from pipelines import stages
+
+        return _logged("track", stages.track(run_dir))
+
+    @task
+    def check_regression(run_dir: str) -> dict:
+        from pipelines import stages
+
+        return _logged("check_regression", stages.check_regression(run_dir))
+
+    run_dir = prepare_run()
+    data_steps = [ingest(run_dir), validate_snapshot(run_dir), preprocess(run_dir), validate_tokens(run_dir)]
+    for before, after in zip(data_steps, data_steps[1:]):
+        before >> after
+    with TaskGroup("train", tooltip="per worker count: plan_wN lists the cells, wN trains them "
+                                    "(mapped, N pool slots each)") as train_group:
+        for n in range(1, MAX_WORKERS + 1):
+            cells = plan.override(task_id=f"plan_w{n}")(run_dir, n)
+            data_steps[-1] >> cells
+            train.override(task_id=f"w{n}", pool_slots=n).partial(run_dir=run_dir).expand_kwargs(cells)
+    evaluated = evaluate(run_dir)
+    train_group >> evaluated
+    evaluated >> report(run_dir) >> track(run_dir) >> check_regression(run_dir)
+
+
+imdb_benchmark()

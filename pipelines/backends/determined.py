@@ -1,0 +1,126 @@
+"""Determined AI: the benchmark trial (``pipelines.training.det_trial``) under Determined's loop.
+
+No master (default): ``det.pytorch.Trainer`` in local mode, one process per rank started by
+torchrun (the same launcher builders as the DDP backend), so both see identical start-up.
+With ``determined_master`` set: the same run is submitted as an experiment through the SDK
+(``determined.experimental.client.create_experiment``) with the config from
+``experiment_config``; the run folder must then be on storage the agents mount at the same
+path, since rank 0 writes the result file there. ``validate_experiment_config`` checks the
+generated config with what the determined 0.37 package ships (its YAML loader and its
+``ExperimentConfig`` accessors); full schema validation happens on the master.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from pipelines.backends import ddp
+from pipelines.backends.base import LOG_FILE, TrainingBackend
+from pipelines.config import Backend, BenchmarkConfig
+from pipelines.spark_session import PROJECT_ROOT
+from pipelines.training.worker import CellSpec
+
+log = logging.getLogger(__name__)
+TRIAL_MODULE = "pipelines.training.det_trial"
+SEARCHER_METRIC = "loss_sum"  # summed over the fixed test split: proportional to the mean
+
+
+def experiment_config(config: BenchmarkConfig, world_size: int, cell_dir: Path,
+                      launch_time: float = 0.0, train_records: int | None = None) -> dict:
+    """The Determined experiment config for one cell (also the local Trainer's exp_conf)."""
+    entry = (f"python3 -m determined.launch.torch_distributed python3 -m {TRIAL_MODULE} "
+             f"--cell-dir {cell_dir} --launch-time {launch_time!r}")
+    conf = {
+        "name": f"{config.profile}-{Path(cell_dir).name}",
+        "entrypoint": entry,
+        "hyperparameters": {
+            "cell_dir": str(cell_dir), "global_batch_size": config.batch_size * world_size,
+            "learning_rate": config.learning_rate, "weight_decay": config.weight_decay,
+            "warmup_ratio": config.warmup_ratio, "seed": config.seed,
+        },
+        "resources": {"slots_per_trial": world_size},
+        "searcher": {"name": "single", "metric": SEARCHER_METRIC, "smaller_is_better": True,
+                     "max_length": {"epochs": config.epochs}},
+        "min_validation_period": {"epochs": 1},
+        "min_checkpoint_period": {"epochs": 1},
+        "reproducibility": {"experiment_seed": config.seed},
+        "max_restarts": 0,
+    }
+    if train_records or config.train_samples:
+        conf["records_per_epoch"] = int(train_records or config.train_samples)
+    return conf
+
+
+def validate_experiment_config(conf: dict) -> None:
+    """Round-trip through determined's YAML loader and read it with its ExperimentConfig."""
+    import yaml
+    from determined._experiment_config import ExperimentConfig
+    from determined.common import util
+
+    parsed = ExperimentConfig(util.safe_load_yaml_with_exceptions(yaml.safe_dump(conf)))
+    problems = []
+    for key in ("name", "entrypoint", "hyperparameters", "resources", "searcher"):
+        if key not in parsed:
+            problems.append(f"missing {key}")
+    if parsed.slots_per_trial() < 1:
+        problems.append("resources.slots_per_trial must be >= 1")
+    if parsed.get_searcher_metric() != SEARCHER_METRIC:
+        problems.append(f"searcher.metric must be {SEARCHER_METRIC}")
+    length = parsed["searcher"].get("max_length", {})
+    if not (isinstance(length, dict) and len(length) == 1
+            and next(iter(length)) in ("batches", "records", "epochs")
+            and int(next(iter(length.values()))) >= 1):
+        problems.append(f"searcher.max_length must be one of batches/records/epochs: {length}")
+    if "epochs" in length and not parsed.get_records_per_epoch():
+        problems.append("searcher.max_length in epochs needs records_per_epoch")
+    if not isinstance(parsed.get_entrypoint(), (str, list)):
+        problems.append("entrypoint must be a string or a list")
+    if problems:
+        raise ValueError("invalid Determined experiment config: " + "; ".join(problems))
+
+
+def submit_experiment(conf: dict, master: str) -> int:
+    """Submit to a Determined master with the model package staged as the context; wait."""
+    from determined.experimental import client
+
+    client.login(master=master)
+    with tempfile.TemporaryDirectory() as staging:
+        shutil.copytree(PROJECT_ROOT / "pipelines", Path(staging) / "pipelines",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        experiment = client.create_experiment(config=conf, model_dir=staging)
+    log.info("submitted Determined experiment %s to %s", experiment.id, master)
+    state = experiment.wait()
+    if "COMPLETED" not in str(state):
+        raise RuntimeError(f"Determined experiment {experiment.id} ended {state} on {master}")
+    return experiment.id
+
+
+class DeterminedBackend(TrainingBackend):
+    name = Backend.DETERMINED
+
+    def launch(self, spec: CellSpec, launch_time: float) -> None:
+        cfg = spec.config
+        if cfg.determined_master:
+            from pipelines.data.tokens import read_token_split
+
+            records = len(read_token_split(spec.paths.token_split("train"))[2])
+            conf = experiment_config(cfg, spec.world_size, spec.cell_dir, launch_time, records)
+            validate_experiment_config(conf)
+            submit_experiment(conf, cfg.determined_master)
+            return
+        # Determined copies the working directory into every checkpoint: run in an empty one.
+        workdir = spec.cell_dir / "determined" / "code"
+        workdir.mkdir(parents=True, exist_ok=True)
+        cmd = ddp.worker_command(cfg, spec.world_size, spec.cell_dir, launch_time, module=TRIAL_MODULE)
+        env = ddp.launch_env(cfg, os.environ)
+        env["USE_TORCH_DISTRIBUTED"] = "1"
+        ddp.execute(cmd, env, spec.cell_dir / LOG_FILE, cwd=workdir)
+
+    def versions(self) -> dict[str, str]:
+        import determined
+
+        return {"determined": determined.__version__, "launcher": "torchrun + det.pytorch.Trainer"}

@@ -1,0 +1,60 @@
+"""Spark TorchDistributor: the shared worker run by ``TorchDistributor(...).run(train_worker, ...)``.
+
+``local_mode`` follows the master: ``local[...]`` -> local mode (torchrun on the driver);
+any other master (``spark://host:7077``) -> barrier mode, one torchrun per Spark task, which
+needs the project importable and pandas/pyarrow on the executors (``spark_env`` handles a
+single machine). Barrier mode with more processes than task slots hangs silently in Spark,
+so the slots are checked first and a ``RuntimeError`` names both numbers. Only paths (strings)
+are passed to the function; rank 0 writes the result file.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from pipelines.backends.base import TrainingBackend
+from pipelines.config import Backend, BenchmarkConfig
+from pipelines.spark_session import get_spark
+from pipelines.training.worker import CellSpec, train_worker
+
+log = logging.getLogger(__name__)
+
+
+def distributor_settings(config: BenchmarkConfig, world_size: int, cuda: bool) -> dict:
+    """Keyword arguments for ``TorchDistributor`` (pure: testable without Spark)."""
+    return {"num_processes": world_size, "local_mode": config.spark_master.startswith("local"),
+            "use_gpu": cuda}
+
+
+def check_task_slots(num_processes: int, slots: int, master: str) -> None:
+    if num_processes > slots:
+        raise RuntimeError(
+            f"TorchDistributor barrier mode needs {num_processes} concurrent Spark tasks but "
+            f"{master} offers {slots} task slot(s); Spark would wait forever. Use fewer workers "
+            "or a cluster with more executor cores.")
+
+
+def task_slots(spark) -> int:
+    """Concurrent tasks the cluster can run: total cores / spark.task.cpus."""
+    task_cpus = int(spark.conf.get("spark.task.cpus", "1"))
+    return spark.sparkContext.defaultParallelism // max(1, task_cpus)
+
+
+class SparkBackend(TrainingBackend):
+    name = Backend.SPARK
+
+    def launch(self, spec: CellSpec, launch_time: float) -> None:
+        import torch
+        from pyspark.ml.torch.distributor import TorchDistributor
+
+        spark = get_spark(spec.config.spark_master, app_name=f"train-{spec.cell_dir.name}")
+        settings = distributor_settings(spec.config, spec.world_size, torch.cuda.is_available())
+        if not settings["local_mode"]:
+            check_task_slots(spec.world_size, task_slots(spark), spec.config.spark_master)
+        log.info("TorchDistributor(%s) on %s", settings, spec.config.spark_master)
+        TorchDistributor(**settings).run(train_worker, str(spec.cell_dir), launch_time)
+
+    def versions(self) -> dict[str, str]:
+        import pyspark
+
+        return {"pyspark": pyspark.__version__, "launcher": "TorchDistributor"}

@@ -1,0 +1,135 @@
+"""Spark tokenization of the validated snapshot into the shards every backend trains on.
+
+Run as a stage (after ``validate_snapshot``) or directly::
+
+    from pipelines.data.preprocess import preprocess
+    stats = preprocess(config, paths)
+
+Reads ``snapshot/{train,test}.parquet`` with Spark (master ``config.spark_master``) and tokenizes
+with ``pipelines.data.tokens.tokenize_frame`` inside ``mapInPandas`` (tokenizer from
+``config.tokenizer_source``, fixed length ``config.max_seq_len``). Writes
+``tokens/<split>/part-*.parquet`` (input_ids array<int>, attention_mask array<tinyint>,
+label bigint) and ``tokens/preprocess.json``.
+
+Row order is the contract: shards read in file-name order (``read_token_split``) give the
+snapshot's rows in the snapshot's order. Each row carries its parquet file row index; the
+data is range-partitioned on it (contiguous shards, numbered in order) and sorted within
+each shard before the index is dropped.
+
+Fails before touching Spark when the snapshot did not pass validation
+(``DataValidationError``). Output is written to a temporary folder and renamed into place
+only when both splits succeeded, so a failed run leaves no partial ``tokens/``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+from pathlib import Path
+
+from pipelines.config import BenchmarkConfig
+from pipelines.data.validate import require_valid_snapshot
+from pipelines.paths import RunPaths
+from pipelines.spark_session import get_spark
+
+log = logging.getLogger(__name__)
+
+SPLITS = ("train", "test")
+TOKEN_SCHEMA = "input_ids array<int>, attention_mask array<tinyint>, label bigint, row_id bigint"
+
+
+def check_tokenizer(source: str) -> None:
+    """Load the tokenizer on the driver; any failure becomes one OSError naming the source."""
+    from pipelines.data.tokens import load_tokenizer
+
+    try:
+        load_tokenizer(source)
+    except ValueError as err:  # e.g. a folder without tokenizer files: transformers says ValueError
+        raise OSError(
+            f"tokenizer_source={source!r}: cannot load a tokenizer from it ({err}). Give a hub id "
+            "that is reachable or cached, or a local folder with tokenizer.json/vocab.txt."
+        ) from err
+
+
+def _tokenizer_fn(tokenizer_source: str, max_seq_len: int):
+    """The function mapInPandas runs on each partition's Arrow batches (in the workers)."""
+
+    def tokenize_batches(batches):
+        from pipelines.data.tokens import tokenize_frame  # imported in the worker process
+
+        for frame in batches:
+            out = tokenize_frame(frame, tokenizer_source, max_seq_len)
+            out["row_id"] = frame["row_id"].to_numpy()  # carried so each shard can be sorted
+            yield out
+
+    return tokenize_batches
+
+
+def tokenize_split(
+    spark, snapshot_file: Path, out_dir: Path, config: BenchmarkConfig, num_shards: int
+) -> int:
+    """Tokenize one snapshot file into ``num_shards`` ordered parquet shards; returns rows."""
+    from pyspark.sql import functions as F
+
+    frame = spark.read.parquet(snapshot_file.resolve().as_uri()).select(
+        "text", "label", F.col("_metadata.row_index").alias("row_id")  # position in the file
+    )
+    tokens = (
+        frame.repartitionByRange(num_shards, "row_id")  # shard k holds a contiguous row range
+        .sortWithinPartitions("row_id")
+        .mapInPandas(_tokenizer_fn(config.tokenizer_source, config.max_seq_len), TOKEN_SCHEMA)
+        .drop("row_id")
+    )
+    tokens.write.mode("error").parquet(out_dir.resolve().as_uri())
+    return _count_rows(out_dir)
+
+
+def _count_rows(split_dir: Path) -> int:
+    import pyarrow.parquet as pq
+
+    return sum(pq.ParquetFile(f).metadata.num_rows for f in sorted(split_dir.glob("part-*.parquet")))
+
+
+def preprocess(config: BenchmarkConfig, paths: RunPaths) -> dict:
+    """Validated snapshot -> token shards; returns rows, seconds, rows/s and shard counts."""
+    require_valid_snapshot(paths)  # never tokenize data that failed (or skipped) validation
+    started = time.perf_counter()
+    check_tokenizer(config.tokenizer_source)  # fail here with one line, not in a Spark task
+    quiet = {"spark.ui.showConsoleProgress": "false"}  # progress bars garble task logs
+    spark = get_spark(config.spark_master, app_name="preprocess", conf=quiet)
+    manifest = json.loads(paths.manifest.read_text())
+    tmp = paths.root / f".tokens.tmp-{uuid.uuid4().hex[:8]}"
+    stats: dict = {"rows": {}, "num_shards": {}, "max_seq_len": config.max_seq_len,
+                   "tokenizer_source": config.tokenizer_source}
+    try:
+        spark_started = time.perf_counter()
+        for split in SPLITS:
+            rows = manifest["splits"][split]["rows"]
+            shards = max(1, min(rows, spark.sparkContext.defaultParallelism))
+            written = tokenize_split(spark, paths.snapshot / f"{split}.parquet", tmp / split, config, shards)
+            if written != rows:
+                raise RuntimeError(f"{split}: wrote {written} token rows for {rows} snapshot rows")
+            stats["rows"][split] = written
+            stats["num_shards"][split] = len(list((tmp / split).glob("part-*.parquet")))
+        tokenize_seconds = time.perf_counter() - spark_started
+        for crc in tmp.rglob(".*.crc"):  # Hadoop checksum side files: noise for readers
+            crc.unlink()
+        stats.update(
+            seconds=round(time.perf_counter() - started, 3),
+            tokenize_seconds=round(tokenize_seconds, 3),
+            rows_per_second=round(sum(stats["rows"].values()) / tokenize_seconds, 1),
+            snapshot_sha256={s: manifest["splits"][s]["sha256"] for s in SPLITS},
+        )
+        (tmp / "preprocess.json").write_text(json.dumps(stats, indent=2))
+        if paths.tokens.exists():
+            shutil.rmtree(paths.tokens)
+        os.replace(tmp, paths.tokens)  # both splits appear together or not at all
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log.info("tokenized %s rows in %.1f s (%.0f rows/s)",
+             stats["rows"], stats["seconds"], stats["rows_per_second"])
+    return stats

@@ -1,0 +1,266 @@
+"""The comparison report: ``report/report.md``, ``report/report.html`` and PNG plots.
+
+Reads ``report/summary.json`` (runs ``evaluate_run`` first if it is missing) and the cells'
+result.json files (for the per-epoch curves). Writes, all under ``report/``:
+
+    report.md            comparison table, dataset, model source, hardware, failed cells
+    report.html          the same on one self-contained page (plots embedded as data URIs)
+    time_vs_workers.png  median total and training time per backend vs workers (min-max bars)
+    scaling_efficiency.png, accuracy_curves.png, overhead_vs_ddp.png
+
+Plots use matplotlib's Agg backend (no display needed). Failed cells never stop the report:
+they are listed with their reason. Run it on a finished run folder with
+    python -c "from pipelines.stages import report; print(report('runs/<run>'))"
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from pipelines.config import BenchmarkConfig
+from pipelines.evaluation import evaluate_run, read_cells
+from pipelines.paths import RunPaths
+from pipelines.results import CellResult
+
+log = logging.getLogger(__name__)
+
+TABLE_COLUMNS = [
+    "backend", "workers", "repeats ok", "total s (median)", "training s (median)",
+    "samples/s (median)", "test accuracy (median)", "test F1 (median)", "time to target s",
+    "scaling efficiency", "overhead vs ddp (total)", "overhead vs ddp (training)", "est. cost",
+]
+
+
+def _fmt(value: Any, kind: str = "num") -> str:
+    if value is None:
+        return "n/a"
+    if kind == "pct":
+        return f"{value * 100:+.1f} %"
+    if kind == "ratio":
+        return f"{value:.2f}"
+    if kind in ("acc", "cost"):
+        return f"{value:.4f}"
+    return f"{value:.2f}"
+
+
+def table_rows(summary: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for a in summary["aggregates"]:
+        tta = a["time_to_target_seconds"]
+        tta_text = "not reached" if tta is None else f"{tta:.2f} ({a['reached_target']}/{a['repeats_ok']})"
+        rows.append([
+            a["backend"], str(a["workers"]), f"{a['repeats_ok']}/{a['repeats']}",
+            _fmt(a["total_seconds"]["median"]), _fmt(a["training_seconds"]["median"]),
+            _fmt(a["samples_per_second"]["median"]), _fmt(a["test_accuracy"]["median"], "acc"),
+            _fmt(a["test_f1"]["median"], "acc"), tta_text, _fmt(a["scaling_efficiency"], "ratio"),
+            _fmt(a["overhead_vs_ddp_total"], "pct"), _fmt(a["overhead_vs_ddp_training"], "pct"),
+            _fmt(a["estimated_cost"], "cost"),
+        ])
+    return rows
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+# --- plots -------------------------------------------------------------------------------
+
+def _figure():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; no display on servers and in Airflow workers
+    import matplotlib.pyplot as plt
+
+    return plt, *plt.subplots(figsize=(7, 4.2), dpi=100)
+
+
+def _save(plt, fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    plt.close(fig)
+    return path
+
+
+def _by_backend(summary: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for a in summary["aggregates"]:
+        out.setdefault(a["backend"], []).append(a)
+    return out
+
+
+def plot_time_vs_workers(summary: dict[str, Any], path: Path) -> Path:
+    plt, fig, ax = _figure()
+    for backend, aggs in _by_backend(summary).items():
+        for what, style in (("total_seconds", "-o"), ("training_seconds", "--s")):
+            pts = [a for a in aggs if a[what]["median"] is not None]
+            if not pts:
+                continue
+            med = [a[what]["median"] for a in pts]
+            err = [[m - a[what]["min"] for m, a in zip(med, pts)],
+                   [a[what]["max"] - m for m, a in zip(med, pts)]]
+            ax.errorbar([a["workers"] for a in pts], med, yerr=err, fmt=style, capsize=3,
+                        label=f"{backend} ({what.split('_')[0]})")
+    ax.set(xlabel="workers", ylabel="seconds (median, min-max)", title="Wall time vs workers")
+    ax.set_xticks(sorted({a["workers"] for a in summary["aggregates"]}))
+    _legend_or_note(ax)
+    return _save(plt, fig, path)
+
+
+def plot_scaling_efficiency(summary: dict[str, Any], path: Path) -> Path:
+    plt, fig, ax = _figure()
+    for backend, aggs in _by_backend(summary).items():
+        pts = [a for a in aggs if a["scaling_efficiency"] is not None]
+        if pts:
+            ax.plot([a["workers"] for a in pts], [a["scaling_efficiency"] for a in pts], "-o", label=backend)
+    ax.axhline(1.0, color="grey", linestyle=":", label="ideal")
+    ax.set(xlabel="workers", ylabel="t(1) / (N * t(N)), training time", title="Scaling efficiency")
+    ax.set_xticks(sorted({a["workers"] for a in summary["aggregates"]}))
+    _legend_or_note(ax)
+    return _save(plt, fig, path)
+
+
+def plot_accuracy_curves(results: list[CellResult], target: float, path: Path) -> Path:
+    """Colour = backend, line style = worker count; repeats share a label."""
+    plt, fig, ax = _figure()
+    colours = {b: f"C{i}" for i, b in enumerate(dict.fromkeys(r.backend.value for r in results))}
+    styles = {w: s for w, s in zip(sorted({r.world_size for r in results}), ["-", "--", ":", "-."] * 4)}
+    labelled = set()
+    for r in results:
+        if not r.epochs:
+            continue
+        label = f"{r.backend.value} w{r.world_size}"
+        ax.plot([e.epoch for e in r.epochs], [e.eval_accuracy for e in r.epochs], marker="o",
+                color=colours[r.backend.value], linestyle=styles[r.world_size], alpha=0.8,
+                label=None if label in labelled else label)
+        labelled.add(label)
+    ax.axhline(target, color="grey", linestyle=":", label=f"target {target}")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set(xlabel="epoch", ylabel="held-out accuracy", title="Accuracy per epoch (all repeats)")
+    _legend_or_note(ax)
+    return _save(plt, fig, path)
+
+
+def plot_overhead(summary: dict[str, Any], path: Path) -> Path:
+    plt, fig, ax = _figure()
+    others = [b for b in _by_backend(summary) if b != "ddp"]
+    workers = sorted({a["workers"] for a in summary["aggregates"]})
+    width = 0.8 / max(len(others), 1)
+    for i, backend in enumerate(others):
+        vals = {a["workers"]: a["overhead_vs_ddp_total"]
+                for a in summary["aggregates"] if a["backend"] == backend}
+        xs = [w for w in workers if vals.get(w) is not None]
+        ax.bar([w + (i - (len(others) - 1) / 2) * width for w in xs], [vals[w] * 100 for w in xs],
+               width=width, label=backend)
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set(xlabel="workers", ylabel="% slower than DDP (median total time)", title="Overhead vs plain DDP")
+    ax.set_xticks(workers)
+    _legend_or_note(ax)
+    return _save(plt, fig, path)
+
+
+def _legend_or_note(ax) -> None:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize="small")
+    if not ax.has_data():
+        ax.text(0.5, 0.5, "no finished cells", ha="center", va="center", transform=ax.transAxes)
+
+
+# --- text --------------------------------------------------------------------------------
+
+def _dataset_lines(summary: dict[str, Any], config: BenchmarkConfig) -> list[str]:
+    manifest = summary.get("dataset")
+    if not manifest:
+        return [f"- Source: `{config.dataset_source}` (no snapshot/manifest.json found)"]
+    lines = [f"- Source: `{manifest.get('source', config.dataset_source)}`"
+             + (f" ({manifest['source_kind']})" if manifest.get("source_kind") else "")
+             + f", sampling seed {manifest.get('seed', config.seed)}"]
+    for split, info in (manifest.get("splits") or {}).items():
+        sha = str(info.get("sha256", ""))[:12]
+        lines.append(f"- {split}: {info.get('rows')} rows (of {info.get('source_rows')} in the source), "
+                     f"per label {json.dumps(info.get('rows_per_label'))}"
+                     + (f", content sha256 `{sha}...`" if sha else ""))
+    return lines
+
+
+def _model_lines(summary: dict[str, Any], config: BenchmarkConfig) -> list[str]:
+    sources = summary.get("model_sources") or []
+    weights = ", ".join(sources) or "unknown (no finished cell)"
+    lines = [f"- Model: `{config.model_source}`; weights: {weights}"]
+    if "random_init" in sources:
+        lines.append("- **The model was randomly initialised (no pretrained weights were available): "
+                     "its accuracy is NOT comparable with published BERT-tiny results on IMDB.** "
+                     "Times and scaling are still meaningful.")
+    return lines
+
+
+def _hardware_lines(summary: dict[str, Any]) -> list[str]:
+    hw = summary.get("hardware", {})
+    versions = ", ".join(f"{k} {v}" for k, v in sorted(hw.get("versions", {}).items())) or "unknown"
+    return [f"- Device(s): {', '.join(hw.get('devices', [])) or 'unknown'}",
+            f"- Host(s): {', '.join(hw.get('hosts', [])) or 'unknown'}; "
+            f"CPU count (evaluating host): {hw.get('cpu_count')}",
+            f"- Versions: {versions}"]
+
+
+def render_markdown(config: BenchmarkConfig, summary: dict[str, Any], plots: list[Path]) -> str:
+    failed = summary.get("failed", [])
+    parts = [
+        f"# Distributed training benchmark: {summary['run']}",
+        f"Profile `{config.profile}`, {config.epochs} epochs, batch {config.batch_size} per worker, "
+        f"sequence length {config.max_seq_len}, {config.repeats} repeat(s), target accuracy "
+        f"{config.target_accuracy}, price {config.price_per_worker_hour} per worker-hour. "
+        f"Status: **{summary['status']}**.",
+        "## Comparison", _md_table(TABLE_COLUMNS, table_rows(summary)),
+        "Times are medians over repeats. Scaling efficiency is t(1)/(N*t(N)) on training time "
+        "(fixed global work). Overhead is relative to plain DDP at the same worker count. "
+        "Time to target: training time until the first epoch at or above the target accuracy "
+        "(repeats that reached it in brackets).",
+        "## Dataset", "\n".join(_dataset_lines(summary, config)),
+        "## Model", "\n".join(_model_lines(summary, config)),
+        "## Hardware", "\n".join(_hardware_lines(summary)),
+        "## Failed cells",
+        "\n".join(f"- `{f['cell']}`: {f['error']}" for f in failed) if failed else "None.",
+        "## Plots", "\n\n".join(f"![{p.stem}]({p.name})" for p in plots),
+    ]
+    return "\n\n".join(parts) + "\n"
+
+
+def render_html(markdown_text: str, report_dir: Path) -> str:
+    import markdown
+
+    body = markdown.markdown(markdown_text, extensions=["tables"])
+    for png in sorted(report_dir.glob("*.png")):  # one self-contained page
+        data = base64.b64encode(png.read_bytes()).decode()
+        body = body.replace(f'src="{png.name}"', f'src="data:image/png;base64,{data}"')
+    style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto}"
+             "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px}"
+             "img{max-width:100%}")
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>Benchmark report</title>"
+            f"<style>{style}</style></head><body>{body}</body></html>\n")
+
+
+def build_report(config: BenchmarkConfig, paths: RunPaths) -> dict[str, Any]:
+    """Write report.md, report.html and the plots; returns the written paths."""
+    summary_file = paths.report / "summary.json"
+    summary = json.loads(summary_file.read_text()) if summary_file.exists() else evaluate_run(config, paths)
+    results = [r for r in read_cells(config, paths).values() if isinstance(r, CellResult)]
+    report = paths.report
+    report.mkdir(parents=True, exist_ok=True)
+    plots = [
+        plot_time_vs_workers(summary, report / "time_vs_workers.png"),
+        plot_scaling_efficiency(summary, report / "scaling_efficiency.png"),
+        plot_accuracy_curves(results, config.target_accuracy, report / "accuracy_curves.png"),
+        plot_overhead(summary, report / "overhead_vs_ddp.png"),
+    ]
+    md = render_markdown(config, summary, plots)
+    (report / "report.md").write_text(md)
+    (report / "report.html").write_text(render_html(md, report))
+    log.info("report written to %s", report)
+    return {"markdown": str(report / "report.md"), "html": str(report / "report.html"),
+            "plots": [str(p) for p in plots], "summary": str(summary_file)}

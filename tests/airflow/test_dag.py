@@ -1,0 +1,290 @@
+"""The imdb_benchmark DAG: import, graph, params, parse time, and real `airflow dags test` runs.
+
+    .venv/bin/python -m pytest tests/airflow -q            # all (~4 min on 2 cores)
+    .venv/bin/python -m pytest tests/airflow -q -m "not slow"  # in-process checks only (~10 s)
+
+The end-to-end tests run the real Airflow CLI on an isolated SQLite home prepared by
+scripts/airflow_setup.sh, on the real IMDB copy and BERT-tiny from ../shared/data.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sqlite3
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from pipelines.paths import safe_run_id
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+DAGS_DIR = PROJECT_ROOT / "dags"
+DAG_FILE = DAGS_DIR / "imdb_benchmark.py"
+TRAIN_IDS = [f"train.w{n}" for n in range(1, 5)]
+PLAN_IDS = [f"train.plan_w{n}" for n in range(1, 5)]
+
+
+@pytest.fixture(scope="module")
+def dagbag():
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(dag_folder=str(DAGS_DIR))
+
+
+@pytest.fixture(scope="module")
+def dag(dagbag):
+    return dagbag.dags["imdb_benchmark"]
+
+
+@pytest.fixture(scope="module")
+def scheduler_params(dag):
+    """The params as the scheduler/API server holds them (what validates a trigger's conf)."""
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    return DagSerialization.deserialize_dag(DagSerialization.serialize_dag(dag)).params
+
+
+def test_dags_folder_imports_without_errors(dagbag):
+    assert dagbag.import_errors == {}
+    assert set(dagbag.dags) == {"imdb_benchmark"}
+
+
+def test_dag_file_parses_fast_without_heavy_imports():
+    """Cold parse of the file in a fresh interpreter, after Airflow itself is imported."""
+    code = (
+        "import sys, time\n"
+        "from airflow.dag_processing.dagbag import DagBag\n"
+        "t = time.perf_counter()\n"
+        f"bag = DagBag(dag_folder={str(DAG_FILE)!r})\n"
+        "elapsed = time.perf_counter() - t\n"
+        "heavy = sorted(m for m in ('torch', 'pyspark', 'transformers', 'great_expectations', 'mlflow',\n"
+        "               'determined', 'pandas', 'pipelines.stages') if m in sys.modules)\n"
+        "print(elapsed, bag.import_errors == {}, ','.join(heavy))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, text=True,
+                         timeout=120, check=True).stdout.split("\n")[-2].split(" ")
+    elapsed, ok, heavy = float(out[0]), out[1] == "True", out[2] if len(out) > 2 else ""
+    assert ok
+    assert heavy == "", f"DAG file imports heavy modules at parse time: {heavy}"
+    assert elapsed < 0.5, f"parsing the DAG file took {elapsed:.2f} s"
+
+
+def test_task_graph(dag):
+    assert set(dag.task_dict) == {
+        "prepare_run", "ingest", "validate_snapshot", "preprocess", "validate_tokens",
+        *PLAN_IDS, *TRAIN_IDS, "evaluate", "report", "track", "check_regression",
+    }
+    up = {tid: t.upstream_task_ids for tid, t in dag.task_dict.items()}
+    assert up["prepare_run"] == set()
+    assert up["ingest"] == {"prepare_run"}
+    assert up["validate_snapshot"] == {"prepare_run", "ingest"}
+    assert up["preprocess"] == {"prepare_run", "validate_snapshot"}
+    assert up["validate_tokens"] == {"prepare_run", "preprocess"}
+    for n in range(1, 5):
+        assert up[f"train.plan_w{n}"] == {"prepare_run", "validate_tokens"}
+        assert up[f"train.w{n}"] == {"prepare_run", f"train.plan_w{n}"}
+    assert up["evaluate"] == {"prepare_run", *TRAIN_IDS}
+    assert up["report"] == {"prepare_run", "evaluate"}
+    assert up["track"] == {"prepare_run", "report"}
+    assert up["check_regression"] == {"prepare_run", "track"}
+    assert dag.task_dict["evaluate"].trigger_rule == "all_done"
+
+
+def test_train_tasks_are_mapped_and_hold_one_pool_slot_per_worker(dag):
+    from airflow.sdk.definitions.mappedoperator import MappedOperator
+
+    for n in range(1, 5):
+        train = dag.task_dict[f"train.w{n}"]
+        assert isinstance(train, MappedOperator)
+        assert (train.pool, train.pool_slots) == ("training_workers", n)
+        assert train.retries == 2 and train.retry_delay <= timedelta(minutes=1)
+        assert "backend" in train.map_index_template and "workers" in train.map_index_template
+    assert dag.task_dict["ingest"].pool == "default_pool"
+
+
+def test_schedule_and_run_limits(dag):
+    from airflow.sdk import CronTriggerTimetable
+
+    assert isinstance(dag.timetable, CronTriggerTimetable)
+    assert (dag.timetable.expression, str(dag.timetable.timezone), dag.timetable.run_immediately) == ("0 2 * * *", "UTC", False)
+    assert dag.catchup is False
+    assert dag.max_active_runs == 1
+    assert dag.params["profile"] == "nightly"  # what the scheduled run uses
+    assert "prepare_run" in dag.doc_md and "training_workers" in dag.doc_md
+
+
+def test_params_mirror_the_config(dag):
+    from pipelines.config import PROFILES, Backend, BenchmarkConfig
+
+    schema = {k: dag.params.get_param(k).schema for k in dag.params}
+    assert schema["profile"]["enum"] == list(PROFILES)
+    assert schema["backends"]["items"]["enum"] == [b.value for b in Backend]
+    assert schema["backends"]["examples"] == [b.value for b in Backend]  # the UI's multi-select
+    assert (schema["epochs"]["minimum"], schema["epochs"]["maximum"]) == (1, 1000)
+    assert schema["learning_rate"]["exclusiveMinimum"] == 0 and schema["learning_rate"]["exclusiveMaximum"] == 1
+    assert schema["max_seq_len"]["minimum"] == BenchmarkConfig.model_fields["max_seq_len"].metadata[0].ge
+    # every form field but profile/overrides is a config field, optional (null = profile's value)
+    for key, s in schema.items():
+        if key not in ("profile", "overrides"):
+            assert key in BenchmarkConfig.model_fields and "null" in s["type"], key
+            assert s.get("title") and s.get("section"), key
+
+
+@pytest.mark.parametrize("conf, field", [
+    ({"backends": ["ray"]}, "backends"),
+    ({"backends": []}, "backends"),
+    ({"epochs": 0}, "epochs"),
+    ({"worker_counts": [0]}, "worker_counts"),
+    ({"worker_counts": [5]}, "worker_counts"),
+    ({"profile": "huge"}, "profile"),
+    ({"learning_rate": 1.5}, "learning_rate"),
+    ({"max_seq_len": 4}, "max_seq_len"),
+    ({"train_samples": 1}, "train_samples"),
+    ({"target_accuracy": 0}, "target_accuracy"),
+    ({"epochs": "three"}, "epochs"),
+])
+def test_trigger_conf_with_bad_values_is_refused(scheduler_params, conf, field):
+    from airflow.sdk.exceptions import ParamValidationError
+
+    with pytest.raises(ParamValidationError, match=f"param {field}"):
+        scheduler_params.deep_merge(conf).validate()
+
+
+def test_trigger_conf_with_good_values_is_accepted(scheduler_params):
+    conf = {"profile": "smoke", "backends": ["ddp", "spark"], "worker_counts": [1, 2], "epochs": 1,
+            "learning_rate": 0.001, "dataset_source": "/data/imdb", "overrides": {"seed": 7}}
+    resolved = copy.deepcopy(scheduler_params).deep_merge(conf).validate()
+    assert resolved["backends"] == ["ddp", "spark"] and resolved["epochs"] == 1
+    assert resolved["batch_size"] is None  # left empty: the profile's value
+
+
+def test_params_become_config_overrides():
+    sys.path.insert(0, str(DAGS_DIR))
+    from imdb_benchmark import overrides_from_params
+
+    from pipelines.config import load_config
+
+    env = {"BENCHMARK_OUTPUT_ROOT": "/srv/runs", "BENCHMARK_DATASET_SOURCE": "/srv/imdb"}
+    params = {"profile": "smoke", "backends": [], "worker_counts": [1], "epochs": None, "output_root": "",
+              "dataset_source": "/other/imdb", "batch_size": 8, "overrides": {"seed": 3}}
+    overrides = overrides_from_params(params, env)
+    assert overrides == {"output_root": "/srv/runs", "dataset_source": "/other/imdb", "worker_counts": [1],
+                         "batch_size": 8, "seed": 3}
+    config = load_config("smoke", overrides)
+    assert config.epochs == 2 and config.batch_size == 8 and config.backends  # profile + params
+
+
+def test_cells_are_grouped_by_worker_count_and_checked_against_the_pool():
+    sys.path.insert(0, str(DAGS_DIR))
+    from imdb_benchmark import plan_by_workers
+
+    from pipelines.config import load_config
+
+    cells = load_config("smoke", {"backends": ["ddp", "spark"], "worker_counts": [1, 2]}).cells()
+    plan = plan_by_workers(cells, pool_slots=2)
+    assert plan["w1"] == [{"backend": "ddp", "workers": 1, "repeat": 0}, {"backend": "spark", "workers": 1, "repeat": 0}]
+    assert [c["backend"] for c in plan["w2"]] == ["ddp", "spark"] and plan["w3"] == plan["w4"] == []
+    with pytest.raises(ValueError, match="pool 'training_workers'.*has 1"):
+        plan_by_workers(cells, pool_slots=1)
+    with pytest.raises(ValueError, match="maximum 4"):
+        plan_by_workers([("ddp", 5, 0)], pool_slots=None)
+
+
+# --- end to end: the real CLI, scheduler loop and tasks -------------------------------------------
+
+
+def _dags_test(env: dict, conf: dict, timeout: int = 420) -> subprocess.CompletedProcess:
+    return subprocess.run(["airflow", "dags", "test", "imdb_benchmark", "-c", json.dumps(conf)],
+                          cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _task_states(home: Path, run_dir: Path) -> dict[str, list[str]]:
+    """Task states of the run that wrote run_dir, read from the metadata DB."""
+    with sqlite3.connect(home / "airflow.db") as db:
+        rows = db.execute("SELECT task_id, run_id, state FROM task_instance WHERE dag_id='imdb_benchmark'").fetchall()
+    states: dict[str, list[str]] = {}
+    for task_id, run_id, state in rows:
+        if safe_run_id(run_id) == run_dir.name:
+            states.setdefault(task_id, []).append(state)
+    return states
+
+
+def _only_run_dir(output_root: Path) -> Path:
+    runs = [p for p in output_root.iterdir() if (p / "config.json").exists()]
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+@pytest.mark.slow
+def test_dags_test_runs_the_whole_benchmark(airflow_home, tmp_path, imdb_dir, bert_tiny_dir):
+    home, env = airflow_home
+    out = tmp_path / "runs"
+    conf = {"profile": "smoke", "backends": ["ddp", "spark", "determined"], "worker_counts": [1],
+            "epochs": 1, "train_samples": 160, "test_samples": 80, "max_seq_len": 32,
+            "dataset_source": str(imdb_dir), "tokenizer_source": str(bert_tiny_dir),
+            "model_source": str(bert_tiny_dir), "output_root": str(out)}
+    done = _dags_test(env, conf)
+    (tmp_path / "dags_test.log").write_text(done.stdout + done.stderr)
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-6000:]
+
+    run_dir = _only_run_dir(out)
+    states = _task_states(home, run_dir)
+    for task_id in ("prepare_run", "ingest", "validate_snapshot", "preprocess", "validate_tokens",
+                    *PLAN_IDS, "evaluate", "report", "track", "check_regression"):
+        assert states[task_id] == ["success"], (task_id, states)
+    assert states["train.w1"] == ["success"] * 3  # one mapped instance per backend
+    assert all(s == ["skipped"] for t, s in states.items() if t in TRAIN_IDS[1:]), states
+
+    config = json.loads((run_dir / "config.json").read_text())
+    assert (config["profile"], config["epochs"], config["backends"]) == ("smoke", 1, conf["backends"])
+    assert {p.name for p in (run_dir / "snapshot").iterdir()} >= {"train.parquet", "test.parquet", "manifest.json"}
+    assert len(pd.read_parquet(run_dir / "snapshot" / "train.parquet")) == 160
+    assert list((run_dir / "validation").glob("*.json"))
+    for split in ("train", "test"):
+        assert list((run_dir / "tokens" / split).glob("part-*.parquet"))
+    for backend in conf["backends"]:
+        result = json.loads((run_dir / "cells" / f"{backend}-w1-r0" / "result.json").read_text())
+        assert result["status"] == "ok" and result["world_size"] == 1 and result["test"]["accuracy"] > 0
+    assert {"report.html", "report.md", "summary.json"} <= {p.name for p in (run_dir / "report").iterdir()}
+
+
+@pytest.mark.slow
+def test_dags_test_refuses_bad_params_before_any_task(airflow_home, tmp_path):
+    _, env = airflow_home
+    done = _dags_test(env, {"profile": "smoke", "backends": ["ray"], "output_root": str(tmp_path / "runs")},
+                      timeout=120)
+    assert done.returncode != 0
+    assert "backends" in done.stdout + done.stderr and "'ray' is not one of" in done.stdout + done.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_dags_test_stops_at_validation_on_corrupt_data(airflow_home, tmp_path, imdb_dir, bert_tiny_dir):
+    home, env = airflow_home
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    for split in ("train", "test"):  # readable, but labels outside {0, 1} and empty reviews
+        frame = pd.read_parquet(imdb_dir / f"{split}.parquet").iloc[::250].reset_index(drop=True)
+        frame.loc[::3, "label"] = 7
+        frame.loc[1::3, "text"] = ""
+        frame.to_parquet(corrupt / f"{split}.parquet")
+    out = tmp_path / "runs"
+    conf = {"profile": "smoke", "backends": ["ddp"], "worker_counts": [1], "train_samples": 60,
+            "test_samples": 40, "dataset_source": str(corrupt), "tokenizer_source": str(bert_tiny_dir),
+            "model_source": str(bert_tiny_dir), "output_root": str(out)}
+    done = _dags_test(env, conf, timeout=300)
+    assert done.returncode != 0
+
+    run_dir = _only_run_dir(out)
+    states = _task_states(home, run_dir)
+    assert states["ingest"] == ["success"]
+    assert states["validate_snapshot"] == ["failed"]
+    assert states["preprocess"] == ["upstream_failed"] and states["train.w1"] == ["upstream_failed"]
+    assert states["check_regression"] == ["upstream_failed"]
+    assert not (run_dir / "tokens").exists()
+    assert list((run_dir / "validation").glob("*.json"))  # the failed validation is kept

@@ -1,0 +1,55 @@
+"""Session fixtures: token shards from a small stratified slice of the real IMDB copy, and a
+cache so each (backend, world size) cell trains once per test session."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from pipelines.config import load_config
+from pipelines.data.tokens import tokenize_frame
+from pipelines.paths import RunPaths
+
+TRAIN_PER_CLASS, TEST_PER_CLASS, SEQ_LEN = 128, 64, 64
+
+
+def _stratified(frame: pd.DataFrame, per_class: int, seed: int) -> pd.DataFrame:
+    parts = [g.sample(per_class, random_state=seed) for _, g in frame.groupby("label")]
+    return pd.concat(parts).sample(frac=1.0, random_state=seed).reset_index(drop=True)
+
+
+@pytest.fixture(scope="session")
+def run_paths(tmp_path_factory, imdb_dir, bert_tiny_dir) -> RunPaths:
+    paths = RunPaths(tmp_path_factory.mktemp("run"))
+    for split, per_class in (("train", TRAIN_PER_CLASS), ("test", TEST_PER_CLASS)):
+        frame = _stratified(pd.read_parquet(imdb_dir / f"{split}.parquet"), per_class, seed=7)
+        out = paths.token_split(split)
+        out.mkdir(parents=True)
+        tokenize_frame(frame, str(bert_tiny_dir), SEQ_LEN).to_parquet(out / "part-00000.parquet")
+    return paths
+
+
+@pytest.fixture(scope="session")
+def bench_config(run_paths, imdb_dir, bert_tiny_dir):
+    """Tiny CPU settings: 2 epochs of 256 reviews, batch 16, seq 64."""
+    return load_config("smoke", dict(
+        dataset_source=str(imdb_dir), tokenizer_source=str(bert_tiny_dir),
+        model_source=str(bert_tiny_dir), output_root=str(run_paths.root.parent),
+        max_seq_len=SEQ_LEN, epochs=2, batch_size=16, learning_rate=5e-4, seed=42,
+        spark_master="local[2]",
+    ))
+
+
+@pytest.fixture(scope="session")
+def trained(bench_config, run_paths):
+    """``trained(backend, workers)`` -> CellResult, trained once per session."""
+    from pipelines.backends import run_cell
+
+    cache = {}
+
+    def _get(backend: str, workers: int):
+        if (backend, workers) not in cache:
+            cache[backend, workers] = run_cell(bench_config, run_paths, backend, workers, 0)
+        return cache[backend, workers]
+
+    return _get

@@ -1,0 +1,97 @@
+"""Every backend really trains (torchrun, TorchDistributor, Determined) at world size 1 and 2
+on CPU, on a 256/128-review slice of the real IMDB data; each cell trains once per session."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from pipelines.backends import ddp, run_cell
+from pipelines.backends.ddp import DDPBackend
+from pipelines.results import CellResult
+from pipelines.training.worker import CellSpec
+
+CELLS = [(b, w) for b in ("ddp", "spark", "determined") for w in (1, 2)]
+
+
+@pytest.mark.parametrize("backend,workers", CELLS)
+def test_backend_returns_a_complete_result(trained, run_paths, bench_config, backend, workers):
+    result = trained(backend, workers)
+    assert result.status == "ok" and result.error is None
+    assert result.backend.value == backend and result.world_size == workers
+    assert [e.epoch for e in result.epochs] == [1, 2]
+    assert all(0 < e.train_loss < 5 and 0 <= e.eval_accuracy <= 1 for e in result.epochs)
+    assert result.test is not None and sum(map(sum, result.test.confusion_matrix)) == 128
+    assert result.test_samples == 128 and result.train_samples == 256
+    for field in ("startup_seconds", "training_seconds", "evaluation_seconds", "total_seconds",
+                  "samples_per_second", "peak_memory_mb"):
+        assert getattr(result, field) > 0, field
+    assert result.total_seconds > result.startup_seconds + result.training_seconds
+    assert result.model_source == "random_init" and result.device == "cpu"
+    assert {"torch", "transformers"} <= set(result.versions)
+    on_disk = CellResult.read(run_paths.cell(backend, workers, 0) / "result.json")
+    assert on_disk == result
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_ddp_and_spark_run_the_same_training(trained, workers):
+    a, b = trained("ddp", workers), trained("spark", workers)
+    for ea, eb in zip(a.epochs, b.epochs, strict=True):
+        assert ea.train_loss == pytest.approx(eb.train_loss, abs=1e-6)
+        assert ea.eval_loss == pytest.approx(eb.eval_loss, abs=1e-6)
+    assert a.test.confusion_matrix == b.test.confusion_matrix
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_determined_matches_ddp_within_tolerance(trained, workers):
+    a, d = trained("ddp", workers), trained("determined", workers)
+    for ea, ed in zip(a.epochs, d.epochs, strict=True):
+        assert ed.train_loss == pytest.approx(ea.train_loss, abs=1e-3)
+        assert ed.eval_loss == pytest.approx(ea.eval_loss, abs=1e-3)
+
+
+def test_world_sizes_differ_in_batches_not_in_data(trained):
+    one, two = trained("ddp", 1), trained("ddp", 2)
+    assert one.epochs[0].train_loss != two.epochs[0].train_loss  # global batch 16 vs 32
+    assert one.test_samples == two.test_samples
+
+
+def test_ddp_killed_after_epoch_1_resumes_at_epoch_2_with_same_result(trained, bench_config, run_paths):
+    cell = run_paths.cells / "ddp-w1-killed"
+    CellSpec(bench_config, run_paths.root, cell, "ddp", 1, 0).write()
+    cmd = ddp.worker_command(bench_config, 1, cell, time.time())
+    env = {**ddp.launch_env(bench_config, os.environ), "PIPELINES_HOLD_AFTER_EPOCH": "1"}
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = cell / "checkpoints" / "epoch-0001.pt"
+    try:
+        deadline = time.time() + 120
+        while not first.exists() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.2)
+        assert first.exists(), "no epoch-1 checkpoint appeared"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its worker, no chance to clean up
+        proc.wait()
+    assert not (cell / "worker_result.json").exists()
+
+    resumed = DDPBackend().run(bench_config, 1, paths=run_paths, cell_dir=cell)
+    reference = trained("ddp", 1)
+    assert resumed.resumed_from_epoch == 1
+    assert [e.epoch for e in resumed.epochs] == [1, 2]
+    assert resumed.epochs[0].train_loss == reference.epochs[0].train_loss
+    assert resumed.epochs[1].train_loss == pytest.approx(reference.epochs[1].train_loss, abs=1e-6)
+    assert resumed.test.loss == pytest.approx(reference.test.loss, abs=1e-6)
+
+
+def test_failed_cell_leaves_a_failed_result(bench_config, run_paths, tmp_path):
+    from pipelines.paths import RunPaths
+
+    empty = RunPaths(tmp_path / "no-tokens")
+    with pytest.raises(RuntimeError, match="torchrun exited"):
+        run_cell(bench_config, empty, "ddp", 1, 0)
+    failed = CellResult.read(empty.cell("ddp", 1, 0) / "result.json")
+    assert failed.status == "failed" and "no token shards" in failed.error

@@ -1,0 +1,87 @@
+"""Browser end-to-end test: a real Airflow runs imdb_benchmark; Chromium checks its UI.
+
+Runs scripts/e2e_browser.sh, which starts ``airflow standalone`` in a private network (and PID)
+namespace, triggers a one-cell smoke run over the REST API, waits for it, then signs in with
+headless Chromium (Playwright) and screenshots the trigger form and the Benchmarks page. This
+test asserts on what the driver saw (tests/e2e/ui_driver.py -> results.json).
+
+    .venv/bin/python -m pytest tests/e2e -m e2e        # ~3-4 min on 2 cores; root, chromium
+
+Screenshots and logs stay in $E2E_ARTIFACTS (default tests/e2e/artifacts/).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = Path(os.environ.get("E2E_ARTIFACTS", PROJECT_ROOT / "tests" / "e2e" / "artifacts")).resolve()
+SCREENSHOTS = ["01_login.png", "02_trigger_form.png", "03_benchmarks_in_airflow_ui.png", "04_benchmarks_page.png"]
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def e2e_results() -> dict:
+    if os.geteuid() != 0:
+        pytest.fail("the e2e test needs root: it runs Airflow in a private network namespace (unshare --net)")
+    if not shutil.which("chromium"):
+        pytest.fail("chromium is not installed: run `bash scripts/system_deps.sh`")
+    proc = subprocess.run(["bash", str(PROJECT_ROOT / "scripts" / "e2e_browser.sh"), str(ARTIFACTS)],
+                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=720)
+    results_file = ARTIFACTS / "results.json"
+    results = json.loads(results_file.read_text()) if results_file.exists() else {}
+    if proc.returncode != 0:
+        logs = ARTIFACTS / "failed_task_logs.txt"
+        pytest.fail(
+            f"e2e_browser.sh exited {proc.returncode}: {results.get('error', 'no results.json')}\n"
+            f"--- stdout/stderr (tail) ---\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}\n"
+            f"--- failed task logs (tail) ---\n{logs.read_text()[-4000:] if logs.exists() else '(none)'}\n"
+            f"more in {ARTIFACTS}")
+    return results
+
+
+def test_dag_run_succeeds_through_the_rest_api(e2e_results):
+    run = e2e_results["dag_run"]
+    assert run["state"] == "success", run
+    print(f"dag run {run['run_id']}: {run['seconds']} s; timings {e2e_results['timings']}")
+
+
+def test_benchmarks_endpoints_require_login(e2e_results):
+    assert e2e_results["unauthenticated_status"] == 401
+    assert e2e_results["authenticated_status"] == 200
+    assert "_token" in e2e_results["cookies"]  # the browser got in through the login form
+
+
+def test_trigger_form_shows_the_params(e2e_results):
+    form = e2e_results["trigger_form_text"]
+    for label in ("IMDB distributed-training benchmark", "Profile", "Training matrix", "Backends",
+                  "Worker counts"):
+        assert label in form, f"{label!r} missing from the trigger form:\n{form}"
+
+
+def test_benchmarks_page_shows_the_finished_run(e2e_results):
+    from pipelines.paths import safe_run_id
+
+    text = e2e_results["benchmarks_text"]
+    run_folder = safe_run_id(e2e_results["dag_run"]["run_id"])
+    assert e2e_results["nav_has_benchmarks"] and e2e_results["benchmarks_status"] == 200
+    assert f"Run {run_folder}" in text  # the latest run is the one just finished
+    assert "Comparison (median over repeats)" in text and "ddp-w1" in text
+    assert "ddp-w1-r0\tok" in text  # the cell table from result.json
+    assert "MLflow parent run" in text
+    assert e2e_results["plots_total"] >= 1
+    assert e2e_results["plots_loaded"] == e2e_results["plots_total"]  # PNGs served behind the login
+
+
+def test_screenshots_were_saved(e2e_results):
+    assert e2e_results["screenshots"] == SCREENSHOTS
+    for name in SCREENSHOTS:
+        data = (ARTIFACTS / name).read_bytes()
+        assert data[:4] == b"\x89PNG" and len(data) > 10_000, name

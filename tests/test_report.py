@@ -1,0 +1,91 @@
+"""build_report: the markdown table equals the result files; plots are valid PNGs."""
+
+from __future__ import annotations
+
+import re
+import statistics
+from operator import attrgetter
+from pathlib import Path
+
+import matplotlib.image
+from PIL import Image
+
+from pipelines.report import TABLE_COLUMNS, build_report
+from tests.test_evaluation import write_synthetic_run
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def parse_table(markdown: str) -> list[dict[str, str]]:
+    """The '## Comparison' markdown table -> one dict per row, keyed by column title."""
+    lines = [ln for ln in markdown.split("## Comparison", 1)[1].splitlines() if ln.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    return [dict(zip(header, (c.strip() for c in ln.strip("|").split("|")))) for ln in lines[2:]]
+
+
+def test_report_table_and_plots_match_results(make_config):
+    config = make_config(backends=["ddp", "spark", "determined"], worker_counts=[1, 2], repeats=2,
+                         price_per_worker_hour=1.0, target_accuracy=0.595)
+    paths, results = write_synthetic_run(config, failed=("determined-w2-r1",))
+    out = build_report(config, paths)  # no summary.json yet: it evaluates first
+
+    md = Path(out["markdown"]).read_text()
+    rows = parse_table(md)
+    assert list(rows[0]) == TABLE_COLUMNS
+    assert len(rows) == 6
+    for row in rows:
+        key = f"{row['backend']}-w{row['workers']}"
+        ok = [r for n, r in results.items() if n.startswith(key + "-") and r.status == "ok"]
+        assert row["repeats ok"] == f"{len(ok)}/2"
+        def median(field: str, digits: int) -> float:
+            return round(statistics.median(map(attrgetter(field), ok)), digits)
+
+        assert float(row["total s (median)"]) == median("total_seconds", 2)
+        assert float(row["training s (median)"]) == median("training_seconds", 2)
+        assert float(row["samples/s (median)"]) == median("samples_per_second", 2)
+        assert float(row["test accuracy (median)"]) == median("test.accuracy", 4)
+        assert float(row["test F1 (median)"]) == median("test.f1", 4)
+        cost = statistics.median(r.total_seconds for r in ok) * int(row["workers"]) / 3600 * 1.0
+        assert float(row["est. cost"]) == round(cost, 4)
+        if row["backend"] == "ddp":
+            assert row["overhead vs ddp (total)"] == "+0.0 %"
+    by_key = {f"{r['backend']}-w{r['workers']}": r for r in rows}
+    t1 = statistics.median(results[f"spark-w1-r{i}"].training_seconds for i in range(2))
+    t2 = statistics.median(results[f"spark-w2-r{i}"].training_seconds for i in range(2))
+    assert float(by_key["spark-w2"]["scaling efficiency"]) == round(t1 / (2 * t2), 2)
+    tta = float(re.match(r"([\d.]+) \(2/2\)", by_key["ddp-w2"]["time to target s"]).group(1))
+    assert tta == round(statistics.median(results[f"ddp-w2-r{i}"].epochs[0].elapsed_seconds
+                                          for i in range(2)), 2)
+
+    # what was run on what, and what failed, in plain words
+    assert "determined-w2-r1" in md and "exited with code 1" in md
+    assert "randomly initialised" in md and "NOT comparable" in md
+    assert config.dataset_source in md
+    assert '- train: 400 rows (of 25000 in the source), per label {"0": 200, "1": 200}' in md
+    assert "bench-host" in md and "torch 2.13.0+cpu" in md
+
+    assert len(out["plots"]) == 4
+    for plot in map(Path, out["plots"]):
+        assert plot.read_bytes()[:8] == PNG_SIGNATURE
+        with Image.open(plot) as img:
+            img.verify()
+        pixels = matplotlib.image.imread(plot)
+        assert pixels.shape[0] > 100 and pixels.shape[1] > 100
+        assert pixels.std() > 0.01  # something was drawn
+        assert f"({plot.name})" in md
+
+    html = Path(out["html"]).read_text()
+    assert html.count("data:image/png;base64,") == 4
+    assert "<table>" in html and "determined-w2-r1" in html
+
+
+def test_report_with_every_cell_failed(make_config):
+    config = make_config(backends=["spark"], worker_counts=[1, 2])
+    paths, _ = write_synthetic_run(config, failed=("spark-w1-r0",), skip=("spark-w2-r0",))
+    out = build_report(config, paths)
+    md = Path(out["markdown"]).read_text()
+    assert "Status: **failed**" in md
+    assert all(r["total s (median)"] == "n/a" for r in parse_table(md))
+    assert "spark-w2-r0" in md and "no result" in md
+    for plot in map(Path, out["plots"]):
+        assert matplotlib.image.imread(plot).ndim == 3
