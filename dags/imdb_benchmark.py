@@ -68,7 +68,7 @@ if _PROJECT_ROOT not in sys.path:
 # form's choices and bounds identical to the config's. Everything heavy is imported in tasks.
 from pipelines.config import PROFILES, Backend, BenchmarkConfig  # noqa: E402
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("imdb_benchmark")  # the module name Airflow gives the file is unreadable
 
 POOL = "training_workers"
 MAX_WORKERS = 4  # one train task per worker count 1..MAX_WORKERS (see docstring); raise freely

@@ -2,6 +2,10 @@
 
 Sets what Spark needs on a single machine (loopback driver, the venv's python for workers)
 and the project root on the workers' PYTHONPATH so ``pipelines`` imports there.
+A session is reused within a process (``getOrCreate``), except that a request for another
+master (a ``spark://`` cluster vs ``local[...]``, or another cluster) stops the running one
+first: ``getOrCreate`` would otherwise hand back the old session on the wrong master.
+Local masters count as the same (``local[2]`` serves a ``local[*]`` request).
 """
 
 from __future__ import annotations
@@ -26,10 +30,19 @@ def spark_env() -> dict[str, str]:
     }
 
 
+def _same_master(running: str, wanted: str) -> bool:
+    return running == wanted or (running.startswith("local") and wanted.startswith("local"))
+
+
 def get_spark(master: str = "local[*]", app_name: str = "pipelines", conf: dict[str, str] | None = None):
     """Build (or reuse) the SparkSession. pyspark is imported here, never at module top."""
     os.environ.update(spark_env())
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
+
+    running = SparkContext._active_spark_context
+    if running is not None and not _same_master(running.master, master):
+        SparkSession.builder.getOrCreate().stop()  # the session of the running context
 
     builder = (
         SparkSession.builder.master(master)

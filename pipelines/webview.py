@@ -59,8 +59,8 @@ class RunInfo:
 
     @property
     def state(self) -> str:
-        if self.summary is not None:
-            return "reported"
+        if self.summary is not None:  # evaluation's verdict: success, or failed (some cell failed)
+            return f"reported: {self.summary.get('status', '?')}"
         if any(c["status"] == "failed" for c in self.cells):
             return "failed cells"
         return f"{len(self.cells)} cell(s) trained" if self.cells else "in progress"

@@ -1,9 +1,26 @@
 """PyTorch DDP through torchrun: ``python -m torch.distributed.run ... -m pipelines.training.worker``.
 
-One node (default): ``--standalone --nproc-per-node <world size>``. Several nodes: set
-``ddp_nnodes``, ``ddp_node_rank`` and ``ddp_rdzv_endpoint`` (host:port of node 0) and run the
-same cell on every node; each node then starts <world size> processes (c10d rendezvous) and
-the run folder must be on storage every node sees at the same path.
+``workers`` (the cell's world size) is the TOTAL number of processes, over all nodes.
+
+One node (default): ``--standalone --nproc-per-node <workers>``. Several nodes: set
+``ddp_nnodes``, ``ddp_node_rank`` and ``ddp_rdzv_endpoint`` (host:port on node 0, where the
+rendezvous store listens) and run the same cell on every node, each with its own node rank:
+
+    python -m pipelines train --run-dir R --backend ddp --workers 4 \
+        --set ddp_nnodes=2 --set ddp_node_rank=0 --set ddp_rdzv_endpoint=node0:29400   # node 0
+    ... the same with ddp_node_rank=1                                                  # node 1
+
+Each node starts ``workers / ddp_nnodes`` processes (not divisible -> ``ValueError``). The
+rendezvous is torchrun's *static* one, so global rank = node_rank * nproc_per_node +
+local_rank and rank 0 always runs on node 0 (the c10d rendezvous would order nodes by host
+name/pid instead, and rank 0 could land anywhere). The run folder must be on storage every
+node sees at the same path. Node 0 does what a single node does (writes ``cell.json``, reads
+rank 0's ``worker_result.json``, writes ``result.json``). A node with rank > 0 writes
+nothing but its own log ``train-node<k>.log``: after its processes exit it waits (at most
+``SECONDARY_RESULT_WAIT_S``) until node 0 has (re)written ``result.json`` and returns that
+result, so every node's ``run_cell`` returns the same record. Should a node > 0 fail,
+``run_cell`` records the failure in ``result.json`` as for any cell; node 0 finishing later
+writes its own result over it.
 
 The command and environment are built by pure functions (``torchrun_args``, ``launch_env``,
 ``worker_command``) and executed second by ``execute``, which tees the output to
@@ -18,29 +35,46 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Mapping
 
-from pipelines.backends.base import LOG_FILE, TrainingBackend
+from pipelines.backends.base import LOG_FILE, RESULT_FILE, TrainingBackend
 from pipelines.config import Backend, BenchmarkConfig
+from pipelines.paths import RunPaths
+from pipelines.results import CellResult
 from pipelines.spark_session import PROJECT_ROOT
 from pipelines.training.worker import CellSpec
 
 log = logging.getLogger(__name__)
 WORKER_MODULE = "pipelines.training.worker"
+# How long a node > 0 waits, after its own processes exit, for node 0's result.json: rank 0
+# still runs the final test evaluation then (seconds on the smoke profile, minutes on paper).
+SECONDARY_RESULT_WAIT_S = 1800.0
+
+
+def nproc_per_node(config: BenchmarkConfig, world_size: int) -> int:
+    """Processes this node starts: the cell's total world size split evenly over the nodes."""
+    if world_size < 1 or world_size % config.ddp_nnodes:
+        raise ValueError(
+            f"workers={world_size} cannot be split over ddp_nnodes={config.ddp_nnodes}: workers is the "
+            f"total number of processes across all nodes and must be a positive multiple of ddp_nnodes")
+    return world_size // config.ddp_nnodes
 
 
 def torchrun_args(config: BenchmarkConfig, world_size: int, rdzv_id: str = "pipelines") -> list[str]:
-    """torchrun options: standalone on one node, c10d rendezvous across ``ddp_nnodes`` nodes."""
-    args = ["--nproc-per-node", str(world_size), "--max-restarts", "0", "--monitor-interval", "0.1"]
+    """torchrun options: standalone on one node, static rendezvous across ``ddp_nnodes`` nodes."""
+    args = ["--nproc-per-node", str(nproc_per_node(config, world_size)),
+            "--max-restarts", "0", "--monitor-interval", "0.1"]
     if config.ddp_nnodes == 1 and not config.ddp_rdzv_endpoint:
         return ["--standalone", "--nnodes", "1", *args]
     if not config.ddp_rdzv_endpoint:
         raise ValueError(f"ddp_nnodes={config.ddp_nnodes} needs ddp_rdzv_endpoint=host:port (node 0)")
     if config.ddp_node_rank >= config.ddp_nnodes:
         raise ValueError(f"ddp_node_rank={config.ddp_node_rank} must be < ddp_nnodes={config.ddp_nnodes}")
+    # static: the node rank fixes the ranks (rank 0 on node 0, which reads the result back)
     return ["--nnodes", str(config.ddp_nnodes), "--node-rank", str(config.ddp_node_rank),
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", config.ddp_rdzv_endpoint,
+            "--rdzv-backend", "static", "--rdzv-endpoint", config.ddp_rdzv_endpoint,
             "--rdzv-id", rdzv_id, *args]
 
 
@@ -90,8 +124,55 @@ def execute(cmd: list[str], env: Mapping[str, str], log_path: Path, cwd: Path | 
                            f"last lines:\n{''.join(tail)}")
 
 
+def _file_version(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_mtime_ns  # CellResult.write replaces the file: a new inode
+
+
+def wait_for_new_result(path: Path, before: tuple[int, int] | None, timeout: float,
+                        interval: float = 0.5) -> CellResult:
+    """Node 0's result.json once it differs from the version seen at launch (``before``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if _file_version(path) not in (None, before):
+            return CellResult.read(path)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"node 0 wrote no new {path} within {timeout:.0f}s after this node's "
+                               "processes finished; see node 0's train.log")
+        time.sleep(interval)
+
+
 class DDPBackend(TrainingBackend):
     name = Backend.DDP
+
+    def run(self, config: BenchmarkConfig, world_size: int, *, paths: RunPaths,
+            cell_dir: Path | None = None, repeat: int = 0) -> CellResult:
+        nproc_per_node(config, world_size)  # refuse a bad split before anything is written
+        if config.ddp_node_rank == 0:
+            return super().run(config, world_size, paths=paths, cell_dir=cell_dir, repeat=repeat)
+        return self._run_secondary_node(config, world_size,
+                                        Path(cell_dir or paths.cell(self.name, world_size, repeat)))
+
+    def _run_secondary_node(self, config: BenchmarkConfig, world_size: int, cell_dir: Path) -> CellResult:
+        """Node k > 0: start this node's ranks, then return the result node 0 writes."""
+        node = config.ddp_node_rank
+        cell_dir.mkdir(parents=True, exist_ok=True)
+        result_file = cell_dir / RESULT_FILE
+        before = _file_version(result_file)  # node 0 cannot finish before this node joined
+        launch_time = time.time()
+        log.info("ddp: node %d/%d of %s, %d process(es) here", node, config.ddp_nnodes, cell_dir.name,
+                 nproc_per_node(config, world_size))
+        # cell.json is node 0's: its workers and ours read it only after the rendezvous.
+        cmd = worker_command(config, world_size, cell_dir, launch_time)
+        execute(cmd, launch_env(config, os.environ), cell_dir / f"train-node{node}.log")
+        result = wait_for_new_result(result_file, before, SECONDARY_RESULT_WAIT_S)
+        if result.status != "ok":
+            raise RuntimeError(f"node 0 reported the cell failed: {result.error}")
+        log.info("ddp: node %d done; node 0 wrote %s", node, result_file)
+        return result
 
     def launch(self, spec: CellSpec, launch_time: float) -> None:
         cmd = worker_command(spec.config, spec.world_size, spec.cell_dir, launch_time)

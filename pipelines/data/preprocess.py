@@ -9,7 +9,9 @@ Reads ``snapshot/{train,test}.parquet`` with Spark (master ``config.spark_master
 with ``pipelines.data.tokens.tokenize_frame`` inside ``mapInPandas`` (tokenizer from
 ``config.tokenizer_source``, fixed length ``config.max_seq_len``). Writes
 ``tokens/<split>/part-*.parquet`` (input_ids array<int>, attention_mask array<tinyint>,
-label bigint) and ``tokens/preprocess.json``.
+label bigint) and ``tokens/preprocess.json`` (the returned stats: rows and shards per split,
+seconds, and rows_per_second over the Spark jobs, which includes the Python workers' start-up
+and tokenizer load: ~10 s on 2 cores, so small samples show a low rate).
 
 Row order is the contract: shards read in file-name order (``read_token_split``) give the
 snapshot's rows in the snapshot's order. Each row carries its parquet file row index; the
@@ -76,7 +78,8 @@ def tokenize_split(
     from pyspark.sql import functions as F
 
     frame = spark.read.parquet(snapshot_file.resolve().as_uri()).select(
-        "text", "label", F.col("_metadata.row_index").alias("row_id")  # position in the file
+        # position in the file (ingest writes one file per split, so it is the snapshot order)
+        "text", "label", F.col("_metadata.row_index").alias("row_id")
     )
     tokens = (
         frame.repartitionByRange(num_shards, "row_id")  # shard k holds a contiguous row range

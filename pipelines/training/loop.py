@@ -309,7 +309,7 @@ def _train(spec: CellSpec, env: DistEnv, launch_time: float) -> None:
             }, ckpt_dir, epoch + 1))
             if hold == epoch + 1:
                 log.warning("PIPELINES_HOLD_AFTER_EPOCH=%d: stalling for a test kill", hold)
-                time.sleep(3600)
+                time.sleep(300)  # bounded: a missed kill cannot hang forever
 
     if not env.is_main:
         return

@@ -278,6 +278,7 @@ def test_dags_test_stops_at_validation_on_corrupt_data(airflow_home, tmp_path, i
             "test_samples": 40, "dataset_source": str(corrupt), "tokenizer_source": str(bert_tiny_dir),
             "model_source": str(bert_tiny_dir), "output_root": str(out)}
     done = _dags_test(env, conf, timeout=300)
+    (tmp_path / "dags_test.log").write_text(done.stdout + done.stderr)
     assert done.returncode != 0
 
     run_dir = _only_run_dir(out)

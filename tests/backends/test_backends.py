@@ -8,6 +8,7 @@ import signal
 import subprocess
 import time
 
+import psutil
 import pytest
 
 from pipelines.backends import ddp, run_cell
@@ -65,7 +66,7 @@ def test_ddp_killed_after_epoch_1_resumes_at_epoch_2_with_same_result(trained, b
     CellSpec(bench_config, run_paths.root, cell, "ddp", 1, 0).write()
     cmd = ddp.worker_command(bench_config, 1, cell, time.time())
     env = {**ddp.launch_env(bench_config, os.environ), "PIPELINES_HOLD_AFTER_EPOCH": "1"}
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True,
+    proc = subprocess.Popen(cmd, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     first = cell / "checkpoints" / "epoch-0001.pt"
     try:
@@ -74,8 +75,13 @@ def test_ddp_killed_after_epoch_1_resumes_at_epoch_2_with_same_result(trained, b
             time.sleep(0.2)
         assert first.exists(), "no epoch-1 checkpoint appeared"
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its worker, no chance to clean up
+        # torchrun's workers live in their own process group: kill the whole tree by pid.
+        children = psutil.Process(proc.pid).children(recursive=True)
+        for p in [proc, *children]:
+            p.send_signal(signal.SIGKILL)
         proc.wait()
+        _, alive = psutil.wait_procs(children, timeout=30)
+    assert not alive, f"processes survived SIGKILL: {alive}"
     assert not (cell / "worker_result.json").exists()
 
     resumed = DDPBackend().run(bench_config, 1, paths=run_paths, cell_dir=cell)

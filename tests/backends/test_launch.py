@@ -27,17 +27,50 @@ def test_single_node_is_standalone_and_parses_with_torchrun(make_config):
 def test_multi_node_flags_are_passed_through(make_config):
     cfg = make_config(ddp_nnodes=3, ddp_node_rank=2, ddp_rdzv_endpoint="node0:29400")
     args = torchrun.get_args_parser().parse_args(
-        ddp.torchrun_args(cfg, 4, rdzv_id="ddp-w4-r0") + ["-m", "x"])
+        ddp.torchrun_args(cfg, 6, rdzv_id="ddp-w6-r0") + ["-m", "x"])
     assert not args.standalone
-    assert (args.nnodes, args.node_rank, args.nproc_per_node) == ("3", 2, "4")
-    assert (args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id) == ("c10d", "node0:29400", "ddp-w4-r0")
+    # workers = total processes: 6 over 3 nodes -> 2 per node
+    assert (args.nnodes, args.node_rank, args.nproc_per_node) == ("3", 2, "2")
+    # static rendezvous: the node rank decides the ranks, so rank 0 is on node 0
+    assert (args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id) == ("static", "node0:29400", "ddp-w6-r0")
+
+
+def test_workers_are_the_total_over_nodes(make_config):
+    two_nodes = make_config(ddp_nnodes=2, ddp_rdzv_endpoint="h:1")
+    assert ddp.nproc_per_node(make_config(), 3) == 3
+    assert ddp.nproc_per_node(two_nodes, 2) == 1 and ddp.nproc_per_node(two_nodes, 4) == 2
+    for workers in (1, 3):
+        with pytest.raises(ValueError, match=f"workers={workers} cannot be split over ddp_nnodes=2"):
+            ddp.torchrun_args(two_nodes, workers)
 
 
 def test_bad_multi_node_settings_are_refused(make_config):
     with pytest.raises(ValueError, match="ddp_rdzv_endpoint"):
-        ddp.torchrun_args(make_config(ddp_nnodes=2), 1)
+        ddp.torchrun_args(make_config(ddp_nnodes=2), 2)
     with pytest.raises(ValueError, match="ddp_node_rank"):
-        ddp.torchrun_args(make_config(ddp_nnodes=2, ddp_node_rank=2, ddp_rdzv_endpoint="h:1"), 1)
+        ddp.torchrun_args(make_config(ddp_nnodes=2, ddp_node_rank=2, ddp_rdzv_endpoint="h:1"), 2)
+
+
+def test_secondary_node_refuses_a_bad_split_before_writing(make_config, tmp_path):
+    from pipelines.paths import RunPaths
+
+    cfg = make_config(ddp_nnodes=2, ddp_node_rank=1, ddp_rdzv_endpoint="h:1")
+    with pytest.raises(ValueError, match="cannot be split"):
+        get_backend("ddp").run(cfg, 3, paths=RunPaths(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
+
+
+def test_secondary_node_waits_for_a_new_result_of_node_0(tmp_path):
+    from pipelines.results import CellResult
+
+    path = tmp_path / "result.json"
+    old = CellResult(backend="ddp", world_size=2, status="failed", error="previous attempt")
+    old.write(path)
+    before = ddp._file_version(path)
+    with pytest.raises(TimeoutError, match="node 0 wrote no new"):
+        ddp.wait_for_new_result(path, before, timeout=0.3, interval=0.05)
+    CellResult(backend="ddp", world_size=2).write(path)
+    assert ddp.wait_for_new_result(path, before, timeout=1).status == "ok"
 
 
 def test_launch_env_makes_project_importable_and_sets_threads(make_config):

@@ -91,6 +91,10 @@ def run_dag(api: httpx.Client, conf: dict, timeout: float, artifacts: Path) -> d
 
     state = wait_for(f"dag run {run_id} to finish", finished, timeout, 3)
     result = {"run_id": run_id, "state": state, "seconds": round(time.monotonic() - started, 1)}
+    tis = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances", params={"limit": 100}).json()
+    result["task_seconds"] = {  # where the run's time goes (skipped train.wN tasks have none)
+        f"{ti['task_id']}[{ti['map_index']}]" if ti.get("map_index", -1) >= 0 else ti["task_id"]:
+        round(ti["duration"], 1) for ti in tis.get("task_instances", []) if ti.get("duration") is not None}
     if state != "success":
         (artifacts / "failed_task_logs.txt").write_text(failed_task_logs(api, run_id))
         raise Step(f"dag run {run_id} ended {state}; task logs in {artifacts / 'failed_task_logs.txt'}")
