@@ -23,7 +23,7 @@ def load_tokenizer(source: str):
 
     try:
         return AutoTokenizer.from_pretrained(source, use_fast=True)
-    except OSError as err:
+    except (OSError, ValueError) as err:  # missing files raise ValueError in transformers 5
         raise OSError(
             f"tokenizer_source={source!r}: cannot load a tokenizer from it ({err}). "
             "Give a hub id that is reachable or cached, or a local folder with tokenizer.json/vocab.txt "

@@ -23,12 +23,13 @@ pytestmark = pytest.mark.slow
 
 # One "node": run the cell with the config given as JSON, print the result it returns.
 NODE = """
-import json, logging, sys
+import logging, sys
+from pathlib import Path
 from pipelines.backends import run_cell
 from pipelines.config import BenchmarkConfig
 from pipelines.paths import RunPaths
 logging.basicConfig(level=logging.INFO)
-result = run_cell(BenchmarkConfig.model_validate_json(sys.argv[1]), RunPaths(sys.argv[2]), "ddp", 2)
+result = run_cell(BenchmarkConfig.model_validate_json(sys.argv[1]), RunPaths(Path(sys.argv[2])), "ddp", 2)
 print("RESULT " + result.model_dump_json())
 """
 
