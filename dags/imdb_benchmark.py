@@ -104,7 +104,8 @@ def _text(title: str, description: str, section: str) -> Param:
 
 
 def _profiles_md() -> str:
-    rows = ["| profile | train / test reviews | seq len | epochs | workers | repeats |", "|---|---|---|---|---|---|"]
+    rows = ["| profile | train / test reviews | seq len | epochs | workers | repeats |",
+            "|---|---|---|---|---|---|"]
     for name, p in PROFILES.items():
         rows.append(f"| {name} | {p['train_samples'] or 'all'} / {p['test_samples'] or 'all'} | "
                     f"{p['max_seq_len']} | {p['epochs']} | {p['worker_counts']} | {p['repeats']} |")
@@ -116,14 +117,16 @@ PARAMS = {
     "profile": Param("nightly", type="string", enum=list(PROFILES), title="Profile",
                      description_md=_profiles_md(), section="Profile"),
     "backends": Param(None, type=["array", "null"], title="Backends", minItems=1, uniqueItems=True,
-                      items={"type": "string", "enum": BACKENDS}, examples=BACKENDS, section="Training matrix",
+                      items={"type": "string", "enum": BACKENDS}, examples=BACKENDS,  # examples: multi-select
+                      section="Training matrix",
                       description="Platforms to compare; empty = all."),
     "worker_counts": Param(None, type=["array", "null"], title="Worker counts", minItems=1,
                            items={"type": "integer", "minimum": 1, "maximum": MAX_WORKERS},
                            section="Training matrix",
                            description=f"World sizes to run, one per line (1..{MAX_WORKERS}); "
                                        "empty = the profile's."),
-    "repeats": _number("repeats", "integer", "Repeats", "Runs of every cell (for medians).", "Training matrix"),
+    "repeats": _number("repeats", "integer", "Repeats", "Runs of every cell (for medians).",
+                       "Training matrix"),
     "epochs": _number("epochs", "integer", "Epochs", "Training epochs per cell.", "Training"),
     "batch_size": _number("batch_size", "integer", "Batch size", "Per worker.", "Training"),
     "learning_rate": _number("learning_rate", "number", "Learning rate", "AdamW peak learning rate.",
@@ -250,7 +253,8 @@ def imdb_benchmark():
         """One cell; a retry resumes from the cell's last checkpoint."""
         from pipelines import stages
 
-        return _logged(f"train {backend} x{workers} r{repeat}", stages.train_cell(run_dir, backend, workers, repeat))
+        result = stages.train_cell(run_dir, backend, workers, repeat)
+        return _logged(f"train {backend} x{workers} r{repeat}", result)
 
     @task(trigger_rule=TriggerRule.ALL_DONE)
     def evaluate(run_dir: str) -> dict:

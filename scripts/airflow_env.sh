@@ -24,7 +24,8 @@ export AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT="${AIRFLOW__CORE__DAGBAG_IMPORT_TIME
 # Loopback only: the API server binds 0.0.0.0 by default. Tasks reach it at the same address.
 export AIRFLOW__API__HOST="${AIRFLOW__API__HOST:-127.0.0.1}"
 export AIRFLOW__API__PORT="${AIRFLOW__API__PORT:-8080}"
-export AIRFLOW__CORE__EXECUTION_API_SERVER_URL="${AIRFLOW__CORE__EXECUTION_API_SERVER_URL:-http://$AIRFLOW__API__HOST:$AIRFLOW__API__PORT/execution/}"
+: "${AIRFLOW__CORE__EXECUTION_API_SERVER_URL:=http://$AIRFLOW__API__HOST:$AIRFLOW__API__PORT/execution/}"
+export AIRFLOW__CORE__EXECUTION_API_SERVER_URL
 
 # `airflow` on PATH; `pipelines` importable by the scheduler, the tasks and Spark's workers.
 export PATH="$_bench_root/.venv/bin:$PATH"

@@ -4,13 +4,18 @@
 any other master (``spark://host:7077``) -> barrier mode, one torchrun per Spark task, which
 needs the project importable and pandas/pyarrow on the executors (``spark_env`` handles a
 single machine). Barrier mode with more processes than task slots hangs silently in Spark,
-so the slots are checked first and a ``RuntimeError`` names both numbers. Only paths (strings)
+so the slots are checked first (after giving a just-started session's executors up to
+``SLOT_WAIT_S`` to register) and a ``RuntimeError`` names both numbers. Only paths (strings)
 are passed to the function; rank 0 writes the result file.
+
+Cluster run (tests/scaleout/test_spark_cluster.py starts a standalone master + 2 workers):
+    python -m pipelines train --backend spark --workers 2 --set spark_master=spark://host:7077
 """
 
 from __future__ import annotations
 
 import logging
+import time
 
 from pipelines.backends.base import TrainingBackend
 from pipelines.config import Backend, BenchmarkConfig
@@ -18,6 +23,7 @@ from pipelines.spark_session import get_spark
 from pipelines.training.worker import CellSpec, train_worker
 
 log = logging.getLogger(__name__)
+SLOT_WAIT_S = 60.0  # executors of a new session register within seconds on a healthy cluster
 
 
 def distributor_settings(config: BenchmarkConfig, world_size: int, cuda: bool) -> dict:
@@ -34,10 +40,23 @@ def check_task_slots(num_processes: int, slots: int, master: str) -> None:
             "or a cluster with more executor cores.")
 
 
-def task_slots(spark) -> int:
-    """Concurrent tasks the cluster can run: total cores / spark.task.cpus."""
-    task_cpus = int(spark.conf.get("spark.task.cpus", "1"))
-    return spark.sparkContext.defaultParallelism // max(1, task_cpus)
+def task_slots(spark, needed: int = 1, wait_s: float | None = None) -> int:
+    """Concurrent tasks the cluster can run now (registered executor cores / task cpus).
+
+    Executors register a few seconds after the session starts: wait up to ``wait_s`` for
+    ``needed`` slots (default ``SLOT_WAIT_S``) before answering (defaultParallelism says 2
+    even with no executor registered).
+    """
+    sc = spark.sparkContext
+    if sc.master.startswith("local"):
+        return sc.defaultParallelism // max(1, int(spark.conf.get("spark.task.cpus", "1")))
+    jsc = sc._jsc.sc()  # the scheduler's own count, the one its barrier check uses
+    deadline = time.monotonic() + (SLOT_WAIT_S if wait_s is None else wait_s)
+    while True:
+        slots = jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile())
+        if slots >= needed or time.monotonic() >= deadline:
+            return slots
+        time.sleep(0.5)
 
 
 class SparkBackend(TrainingBackend):
@@ -50,7 +69,7 @@ class SparkBackend(TrainingBackend):
         spark = get_spark(spec.config.spark_master, app_name=f"train-{spec.cell_dir.name}")
         settings = distributor_settings(spec.config, spec.world_size, torch.cuda.is_available())
         if not settings["local_mode"]:
-            check_task_slots(spec.world_size, task_slots(spark), spec.config.spark_master)
+            check_task_slots(spec.world_size, task_slots(spark, spec.world_size), spec.config.spark_master)
         log.info("TorchDistributor(%s) on %s", settings, spec.config.spark_master)
         TorchDistributor(**settings).run(train_worker, str(spec.cell_dir), launch_time)
 

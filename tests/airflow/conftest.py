@@ -17,7 +17,8 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DAGS_DIR = PROJECT_ROOT / "dags"
 
 # Airflow reads its config when first imported: never let a test touch ~/airflow.
-os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="airflow-home-"))
+if "AIRFLOW_HOME" not in os.environ:
+    os.environ["AIRFLOW_HOME"] = tempfile.mkdtemp(prefix="airflow-home-")
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(DAGS_DIR))
 

@@ -1,6 +1,6 @@
 """The imdb_benchmark DAG: import, graph, params, parse time, and real `airflow dags test` runs.
 
-    .venv/bin/python -m pytest tests/airflow -q            # all (~4 min on 2 cores)
+    .venv/bin/python -m pytest tests/airflow -q            # all (~3 min on 2 cores)
     .venv/bin/python -m pytest tests/airflow -q -m "not slow"  # in-process checks only (~10 s)
 
 The end-to-end tests run the real Airflow CLI on an isolated SQLite home prepared by
@@ -111,7 +111,8 @@ def test_schedule_and_run_limits(dag):
     from airflow.sdk import CronTriggerTimetable
 
     assert isinstance(dag.timetable, CronTriggerTimetable)
-    assert (dag.timetable.expression, str(dag.timetable.timezone), dag.timetable.run_immediately) == ("0 2 * * *", "UTC", False)
+    tt = dag.timetable
+    assert (tt.expression, str(tt.timezone), tt.run_immediately) == ("0 2 * * *", "UTC", False)
     assert dag.catchup is False
     assert dag.max_active_runs == 1
     assert dag.params["profile"] == "nightly"  # what the scheduled run uses
@@ -126,7 +127,8 @@ def test_params_mirror_the_config(dag):
     assert schema["backends"]["items"]["enum"] == [b.value for b in Backend]
     assert schema["backends"]["examples"] == [b.value for b in Backend]  # the UI's multi-select
     assert (schema["epochs"]["minimum"], schema["epochs"]["maximum"]) == (1, 1000)
-    assert schema["learning_rate"]["exclusiveMinimum"] == 0 and schema["learning_rate"]["exclusiveMaximum"] == 1
+    lr = schema["learning_rate"]
+    assert (lr["exclusiveMinimum"], lr["exclusiveMaximum"]) == (0, 1)
     assert schema["max_seq_len"]["minimum"] == BenchmarkConfig.model_fields["max_seq_len"].metadata[0].ge
     # every form field but profile/overrides is a config field, optional (null = profile's value)
     for key, s in schema.items():
@@ -187,7 +189,8 @@ def test_cells_are_grouped_by_worker_count_and_checked_against_the_pool():
 
     cells = load_config("smoke", {"backends": ["ddp", "spark"], "worker_counts": [1, 2]}).cells()
     plan = plan_by_workers(cells, pool_slots=2)
-    assert plan["w1"] == [{"backend": "ddp", "workers": 1, "repeat": 0}, {"backend": "spark", "workers": 1, "repeat": 0}]
+    assert plan["w1"] == [{"backend": "ddp", "workers": 1, "repeat": 0},
+                          {"backend": "spark", "workers": 1, "repeat": 0}]
     assert [c["backend"] for c in plan["w2"]] == ["ddp", "spark"] and plan["w3"] == plan["w4"] == []
     with pytest.raises(ValueError, match="pool 'training_workers'.*has 1"):
         plan_by_workers(cells, pool_slots=1)
@@ -206,7 +209,8 @@ def _dags_test(env: dict, conf: dict, timeout: int = 420) -> subprocess.Complete
 def _task_states(home: Path, run_dir: Path) -> dict[str, list[str]]:
     """Task states of the run that wrote run_dir, read from the metadata DB."""
     with sqlite3.connect(home / "airflow.db") as db:
-        rows = db.execute("SELECT task_id, run_id, state FROM task_instance WHERE dag_id='imdb_benchmark'").fetchall()
+        rows = db.execute("SELECT task_id, run_id, state FROM task_instance "
+                          "WHERE dag_id = 'imdb_benchmark'").fetchall()
     states: dict[str, list[str]] = {}
     for task_id, run_id, state in rows:
         if safe_run_id(run_id) == run_dir.name:
@@ -242,7 +246,8 @@ def test_dags_test_runs_the_whole_benchmark(airflow_home, tmp_path, imdb_dir, be
 
     config = json.loads((run_dir / "config.json").read_text())
     assert (config["profile"], config["epochs"], config["backends"]) == ("smoke", 1, conf["backends"])
-    assert {p.name for p in (run_dir / "snapshot").iterdir()} >= {"train.parquet", "test.parquet", "manifest.json"}
+    snapshot = {p.name for p in (run_dir / "snapshot").iterdir()}
+    assert snapshot >= {"train.parquet", "test.parquet", "manifest.json"}
     assert len(pd.read_parquet(run_dir / "snapshot" / "train.parquet")) == 160
     assert list((run_dir / "validation").glob("*.json"))
     for split in ("train", "test"):
