@@ -123,7 +123,7 @@ PARAMS = {
     "worker_counts": Param(None, type=["array", "null"], title="Worker counts", minItems=1,
                            items={"type": "integer", "minimum": 1, "maximum": MAX_WORKERS},
                            section="Training matrix",
-                           description=f"World sizes to run, one per line (1..{MAX_WORKERS}); "
+                           description=f"World sizes to run as a JSON list, e.g. [1, 2] (each 1..{MAX_WORKERS}); "
                                        "empty = the profile's."),
     "repeats": _number("repeats", "integer", "Repeats", "Runs of every cell (for medians).",
                        "Training matrix"),

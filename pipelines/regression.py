@@ -10,7 +10,9 @@ with this run's ``report/summary.json``:
 - slowdown: (new - old) / old median total time > ``config.regression_time_threshold``;
 - accuracy drop: old - new median test accuracy > ``config.regression_accuracy_drop``.
 
-Any of them raises ``RegressionError`` naming the cell, the old and the new value. With no
+Any of them raises ``RegressionError`` naming the cell, the old and the new value; failed
+training cells raise ``FailedCellsError`` after the comparison is written, so a nightly run
+with broken cells ends red (its report already lists them). With no
 baseline the check passes and says this run sets it. The comparison is written to
 ``report/regression.json`` either way and this run's parent gets a ``benchmark.regression``
 tag (passed | failed | baseline). Run after the track stage:
@@ -37,6 +39,10 @@ ACCURACY_KEY = "test_accuracy_median"
 
 class RegressionError(RuntimeError):
     """This run is slower or less accurate than the baseline beyond the configured bounds."""
+
+
+class FailedCellsError(RuntimeError):
+    """Some training cells failed: reported and logged, but the run must not look green."""
 
 
 def find_baseline(client, config: BenchmarkConfig, paths: RunPaths):
@@ -127,4 +133,7 @@ def check_regression(config: BenchmarkConfig, paths: RunPaths) -> dict[str, Any]
     log.info(out["message"])
     if out["status"] == "failed":
         raise RegressionError(out["message"])
+    if summary.get("failed"):  # the report is out; now make the nightly run itself go red
+        raise FailedCellsError("training cells failed: " + "; ".join(
+            f"{f['cell']}: {f['error'][:300]}" for f in summary["failed"]))
     return out

@@ -8,7 +8,7 @@ import pytest
 from mlflow import MlflowClient
 
 from pipelines.evaluation import evaluate_run
-from pipelines.regression import RegressionError, check_regression
+from pipelines.regression import FailedCellsError, RegressionError, check_regression
 from pipelines.tracking import log_benchmark
 from tests.test_evaluation import write_synthetic_run
 
@@ -31,7 +31,9 @@ def test_first_successful_run_sets_baseline_and_equal_run_passes(make_config, st
     config = make_config(backends=["ddp", "spark"], worker_counts=[1, 2], mlflow_tracking_uri=store,
                          mlflow_experiment="regression-baseline")
     broken, _ = _finished_run(config, "night-0", failed=("spark-w2-r0",))
-    first = check_regression(config, broken)
+    with pytest.raises(FailedCellsError, match="spark-w2-r0"):  # a run with broken cells ends red
+        check_regression(config, broken)
+    first = json.loads((broken.report / "regression.json").read_text())
     assert first["status"] == "baseline" and "does not set the baseline" in first["message"]
 
     night1, _ = _finished_run(config, "night-1")
