@@ -3,7 +3,7 @@
     python -m pipelines data  --profile smoke --output runs [--set key=value ...]
     python -m pipelines train --backend ddp --workers 2 --profile smoke --output runs
     python -m pipelines run   --profile smoke --output runs
-    python -m pipelines report runs/<run_id>          # re-report from the run folder alone
+    python -m pipelines report runs/<run_id> [--tracking-uri URI]   # re-report from the folder alone
 
 ``--output`` is the output root; each invocation works in ``<output>/<run_id>/`` (``--run-id``
 names it; default ``<profile>-<UTC timestamp>``). Pass ``--run-dir`` to continue in an existing
@@ -50,6 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="evaluate + report (+ MLflow) from a finished run folder")
     report.add_argument("run_dir")
     report.add_argument("--no-mlflow", action="store_true", help="write files only")
+    report.add_argument("--tracking-uri", help="log to this MLflow store instead of the run's")
     return parser
 
 
@@ -71,18 +72,18 @@ def _ensure_data(run_dir: str) -> None:
         log.info("data stage: %s", json.dumps(stages.data_stage(run_dir), default=str))
 
 
-def _finish(run_dir: str, with_mlflow: bool = True) -> None:
+def _finish(run_dir: str, with_mlflow: bool = True, tracking_uri: str | None = None) -> None:
     """Evaluate and report from files; then MLflow, whose failure loses nothing."""
     stages.evaluate(run_dir)
     written = stages.report(run_dir)
     log.info("report: %s", written)
     if with_mlflow:
         try:
-            log.info("mlflow: %s", stages.track(run_dir))
+            log.info("mlflow: %s", stages.track(run_dir, tracking_uri))
         except Exception as err:  # the run folder stays complete; re-run `report` later
             log.warning("MLflow logging failed (%s); re-log with: python -m pipelines report %s", err, run_dir)
             return
-        log.info("regression check: %s", stages.check_regression(run_dir))
+        log.info("regression check: %s", stages.check_regression(run_dir, tracking_uri))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "report":
-            _finish(str(Path(args.run_dir).resolve()), with_mlflow=not args.no_mlflow)
+            if not (Path(args.run_dir) / "config.json").exists():
+                raise ConfigError(f"{args.run_dir}: no config.json there (not a run folder)")
+            _finish(str(Path(args.run_dir).resolve()), not args.no_mlflow, args.tracking_uri)
             return 0
         run_dir = _run_dir(args)
         print(f"run folder: {run_dir}", flush=True)

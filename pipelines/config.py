@@ -13,6 +13,7 @@ and wrong types are refused with a message that names the field and the allowed 
 from __future__ import annotations
 
 import json
+import os
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -75,7 +76,7 @@ class BenchmarkConfig(BaseModel):
 
     # --- tracking, reporting, output -------------------------------------------------------
     output_root: str = "runs"
-    mlflow_tracking_uri: str | None = None  # None -> sqlite:///<output_root>/mlflow.db
+    mlflow_tracking_uri: str | None = None  # None -> $MLFLOW_TRACKING_URI or <output_root>/mlflow.db
     mlflow_experiment: str = "distributed-training-benchmark"
     price_per_worker_hour: float = Field(0.0, ge=0)
     regression_time_threshold: float = Field(0.25, gt=0)  # slowdown fraction that fails
@@ -94,9 +95,14 @@ class BenchmarkConfig(BaseModel):
         return list(dict.fromkeys(v))
 
     def resolved_tracking_uri(self) -> str:
-        """MLflow URI: explicit value, else a SQLite store in the output root (never cwd)."""
+        """MLflow URI: the config's, else $MLFLOW_TRACKING_URI, else SQLite in the output root.
+
+        Never MLflow's implicit default (a store in the current working directory).
+        """
         if self.mlflow_tracking_uri:
             return self.mlflow_tracking_uri
+        if os.environ.get("MLFLOW_TRACKING_URI"):
+            return os.environ["MLFLOW_TRACKING_URI"]
         return f"sqlite:///{Path(self.output_root).resolve() / 'mlflow.db'}"
 
     def cells(self) -> list[tuple[Backend, int, int]]:

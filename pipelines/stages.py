@@ -17,9 +17,13 @@ from pipelines.paths import RunPaths, safe_run_id
 log = logging.getLogger(__name__)
 
 
-def _load(run_dir: str | Path) -> tuple[BenchmarkConfig, RunPaths]:
+def _load(run_dir: str | Path, tracking_uri: str | None = None) -> tuple[BenchmarkConfig, RunPaths]:
+    """Config of the run folder; ``tracking_uri`` re-points MLflow (e.g. after losing a server)."""
     paths = RunPaths(Path(run_dir))
-    return read_config(paths.config), paths
+    config = read_config(paths.config)
+    if tracking_uri:
+        config = config.model_copy(update={"mlflow_tracking_uri": tracking_uri})
+    return config, paths
 
 
 def prepare_run(profile: str, overrides: dict[str, Any] | None, run_id: str) -> str:
@@ -105,15 +109,15 @@ def report(run_dir: str) -> dict:
     return build_report(*_load(run_dir))
 
 
-def track(run_dir: str) -> dict:
+def track(run_dir: str, tracking_uri: str | None = None) -> dict:
     """Log the run folder to MLflow (parent + nested runs). Idempotent; files stay the truth."""
     from pipelines.tracking import log_benchmark
 
-    return log_benchmark(*_load(run_dir))
+    return log_benchmark(*_load(run_dir, tracking_uri))
 
 
-def check_regression(run_dir: str) -> dict:
+def check_regression(run_dir: str, tracking_uri: str | None = None) -> dict:
     """Compare with the last successful run of the same profile in MLflow; raise on regression."""
     from pipelines.regression import check_regression as _check
 
-    return _check(*_load(run_dir))
+    return _check(*_load(run_dir, tracking_uri))

@@ -1,0 +1,70 @@
+"""``python -m pipelines``: the whole benchmark without Airflow, one cell, and a re-report
+from the run folder alone into a fresh MLflow store (a lost tracking server loses nothing)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return subprocess.run([sys.executable, "-m", "pipelines", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=900)
+
+
+def data_options(imdb_dir: Path, bert_tiny_dir: Path) -> list[str]:
+    return ["--set", f"dataset_source={imdb_dir}", "--set", f"tokenizer_source={bert_tiny_dir}",
+            "--set", f"model_source={bert_tiny_dir}", "--set", "train_samples=160",
+            "--set", "test_samples=80", "--set", "epochs=1"]
+
+
+@pytest.mark.slow
+def test_run_then_rereport_into_a_fresh_store(tmp_path, imdb_dir, bert_tiny_dir):
+    out = tmp_path / "runs"
+    proc = cli("run", "--profile", "smoke", "--output", str(out), "--run-id", "cli-run",
+               "--set", 'backends=["ddp"]', "--set", "worker_counts=[1]",
+               *data_options(imdb_dir, bert_tiny_dir), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_dir = out / "cli-run"
+    result = json.loads((run_dir / "cells" / "ddp-w1-r0" / "result.json").read_text())
+    assert result["status"] == "ok" and len(result["epochs"]) == 1
+    summary = json.loads((run_dir / "report" / "summary.json").read_text())
+    assert summary["aggregates"][0]["key"] == "ddp-w1"
+    assert (out / "mlflow.db").exists() and not (tmp_path / "mlruns").exists()  # never a cwd store
+
+    # The tracking server is "lost": re-report from the folder alone into a new store.
+    fresh = f"sqlite:///{tmp_path / 'fresh.db'}"
+    proc = cli("report", str(run_dir), "--tracking-uri", fresh, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client = MlflowClient(tracking_uri=fresh)
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    names = {r.data.tags.get("mlflow.runName") for r in runs}
+    assert "cli-run" in names and any(n and n.startswith("ddp-w1-r0") for n in names), names
+    cell = next(r for r in runs if r.data.tags.get("mlflow.parentRunId"))
+    assert cell.data.metrics["test_accuracy"] == pytest.approx(result["test"]["accuracy"])
+
+
+@pytest.mark.slow
+def test_train_one_cell_writes_its_result(tmp_path, imdb_dir, bert_tiny_dir):
+    proc = cli("train", "--backend", "ddp", "--workers", "1", "--profile", "smoke", "--output",
+               str(tmp_path / "out"), "--run-id", "one", *data_options(imdb_dir, bert_tiny_dir), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "out" / "one" / "cells" / "ddp-w1-r0" / "result.json").read_text())
+    assert result["backend"] == "ddp" and result["status"] == "ok" and result["test"]["accuracy"] > 0
+
+
+def test_bad_input_is_refused_with_the_field_named(tmp_path):
+    proc = cli("data", "--profile", "smoke", "--output", str(tmp_path), "--set", "epochs=0", cwd=tmp_path)
+    assert proc.returncode == 2 and "epochs" in proc.stderr
+    proc = cli("report", str(tmp_path / "nowhere"), cwd=tmp_path)
+    assert proc.returncode == 2 and "not a run folder" in proc.stderr

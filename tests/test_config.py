@@ -1,0 +1,64 @@
+"""The one typed config: profiles, layering, and errors that name the field."""
+
+import pytest
+
+from pipelines.config import (PROFILES, Backend, BenchmarkConfig, ConfigError, load_config,
+                              parse_set_options, read_config, save_config)
+
+
+def test_profiles_exist_and_resolve():
+    assert {"smoke", "nightly", "paper"} <= set(PROFILES)
+    paper = load_config("paper")
+    assert paper.epochs == 20 and paper.train_samples is None and paper.test_samples is None
+    assert load_config("nightly").repeats >= 3
+    smoke = load_config("smoke")
+    assert smoke.train_samples <= 1000 and smoke.max_seq_len <= 128
+
+
+def test_overrides_layer_on_the_profile_and_none_keeps_it():
+    cfg = load_config("smoke", {"epochs": 5, "batch_size": None, "backends": ["spark", "ddp", "spark"]})
+    assert cfg.epochs == 5 and cfg.batch_size == PROFILES["smoke"]["batch_size"]
+    assert cfg.backends == [Backend.SPARK, Backend.DDP]
+    assert load_config("smoke", {"worker_counts": [2, 1, 2]}).worker_counts == [1, 2]
+
+
+@pytest.mark.parametrize("overrides, field, hint", [
+    ({"backends": ["ray"]}, "backends", "ddp, spark, determined"),
+    ({"epochs": 0}, "epochs", "greater than or equal to 1"),
+    ({"worker_counts": [0]}, "worker_counts", ">= 1"),
+    ({"max_seq_len": 4096}, "max_seq_len", "less than or equal to 512"),
+    ({"no_such_field": 1}, "no_such_field", "known fields"),
+])
+def test_bad_values_name_the_field_and_what_is_allowed(overrides, field, hint):
+    with pytest.raises(ConfigError) as err:
+        load_config("smoke", overrides)
+    assert field in str(err.value) and hint in str(err.value)
+
+
+def test_unknown_profile_lists_the_profiles():
+    with pytest.raises(ConfigError, match="smoke, nightly, paper"):
+        load_config("huge")
+
+
+def test_set_options_and_round_trip(tmp_path):
+    assert parse_set_options(["epochs=3", 'backends=["ddp"]', "dataset_source=/data/imdb"]) == {
+        "epochs": 3, "backends": ["ddp"], "dataset_source": "/data/imdb"}
+    with pytest.raises(ConfigError, match="key=value"):
+        parse_set_options(["epochs"])
+    cfg = load_config("nightly", {"seed": 7})
+    save_config(cfg, tmp_path / "config.json")
+    assert read_config(tmp_path / "config.json") == cfg
+
+
+def test_cells_cover_every_backend_worker_repeat():
+    cfg = load_config("smoke", {"repeats": 2, "backends": ["ddp", "spark"], "worker_counts": [1, 2]})
+    assert len(cfg.cells()) == 8 and cfg.cells()[0] == (Backend.DDP, 1, 0)
+
+
+def test_tracking_uri_is_never_the_working_directory(monkeypatch, tmp_path):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    cfg = BenchmarkConfig(output_root=str(tmp_path))
+    assert cfg.resolved_tracking_uri() == f"sqlite:///{tmp_path}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
+    assert cfg.resolved_tracking_uri() == "http://127.0.0.1:5000"
+    assert BenchmarkConfig(mlflow_tracking_uri="sqlite:///x.db").resolved_tracking_uri() == "sqlite:///x.db"
