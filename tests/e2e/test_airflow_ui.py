@@ -2,7 +2,9 @@
 
 Runs scripts/e2e_browser.sh, which starts ``airflow standalone`` in a private network (and PID)
 namespace, triggers a one-cell smoke run over the REST API, waits for it, then signs in with
-headless Chromium (Playwright) and screenshots the trigger form and the Benchmarks page. This
+headless Chromium (Playwright) and screenshots the trigger form and the Benchmarks page. During
+the run the driver SIGKILLs the training processes after epoch 1: Airflow retries the task and
+the retry resumes from the checkpoint. This
 test asserts on what the driver saw (tests/e2e/ui_driver.py -> results.json).
 
     .venv/bin/python -m pytest tests/e2e -m e2e        # ~3-4 min on 2 cores; root, chromium
@@ -51,6 +53,16 @@ def test_dag_run_succeeds_through_the_rest_api(e2e_results):
     run = e2e_results["dag_run"]
     assert run["state"] == "success", run
     print(f"dag run {run['run_id']}: {run['seconds']} s; timings {e2e_results['timings']}")
+
+
+def test_killed_training_is_retried_by_airflow_and_resumes(e2e_results):
+    run = e2e_results["dag_run"]
+    assert run["killed_training"]["killed_pids"], "no training process was found to kill"
+    tries = [t for t in run["train_tries"] if t["state"] == "success"]
+    assert len(tries) == 1 and tries[0]["try_number"] == 2, run["train_tries"]  # 1st try killed
+    cell = run["cell_result"]
+    assert cell["status"] == "ok" and cell["resumed_from_epoch"] == 1  # not from zero
+    assert [e["epoch"] for e in cell["epochs"]] == [1, 2]
 
 
 def test_benchmarks_endpoints_require_login(e2e_results):

@@ -6,7 +6,9 @@ talks to http://127.0.0.1:$AIRFLOW__API__PORT only). Steps:
 1. wait for /api/v2/monitor/health, log in with the admin password Airflow generated
    ($AIRFLOW_HOME/simple_auth_manager_passwords.json.generated) -> JWT;
 2. wait until the DAG is parsed (import errors are reported), unpause it, POST a dag run with
-   a smoke conf (one backend, one worker, one epoch, a few hundred reviews), wait for it;
+   a smoke conf (one backend, one worker, two epochs, a few hundred reviews); with
+   --kill-training, SIGKILL the training processes after the epoch-1 checkpoint: the train
+   task fails, Airflow retries it and the retry resumes at epoch 2; wait for the run;
 3. check /benchmarks/ refuses a request without login (401) and serves it with the JWT;
 4. headless Chromium (Debian's, through Playwright): sign in through the login form, open the
    DAG's trigger form, the Benchmarks page inside the UI and on its own; screenshots.
@@ -70,7 +72,38 @@ def failed_task_logs(api: httpx.Client, run_id: str) -> str:
     return "\n".join(out)
 
 
-def run_dag(api: httpx.Client, conf: dict, timeout: float, artifacts: Path) -> dict:
+def output_root(run_id: str) -> Path:
+    from pipelines.paths import safe_run_id
+
+    return Path(os.environ["BENCHMARK_OUTPUT_ROOT"]) / safe_run_id(run_id)
+
+
+def kill_training_after_epoch_1(run_id: str, timeout: float) -> dict:
+    """SIGKILL the training processes once the epoch-1 checkpoint exists (Airflow must retry).
+
+    The e2e sets PIPELINES_HOLD_AFTER_EPOCH=1, so rank 0 stalls right after that checkpoint
+    and the kill lands at a known point; the retry resumes at epoch 2 and does not stall.
+    """
+    import psutil
+
+    root = output_root(run_id)
+    wait_for("the epoch-1 checkpoint", lambda: any(root.glob("cells/*/checkpoints/epoch-0001.pt")), timeout, 1)
+    victims = [p for p in psutil.process_iter(["cmdline"])
+               if any("torch.distributed.run" in part or "pipelines.training.worker" in part
+                      for part in (p.info["cmdline"] or []))]
+    for proc in victims:
+        proc.kill()
+    return {"killed_pids": [p.pid for p in victims], "checkpoint": str(next(root.glob("cells/*/checkpoints/*.pt")))}
+
+
+def train_tries(api: httpx.Client, run_id: str) -> list[dict]:
+    tis = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances", params={"limit": 100}).json()
+    return [{"task_id": ti["task_id"], "map_index": ti.get("map_index"), "state": ti["state"],
+             "try_number": ti["try_number"]}
+            for ti in tis.get("task_instances", []) if ti["task_id"].startswith("train.w")]
+
+
+def run_dag(api: httpx.Client, conf: dict, timeout: float, artifacts: Path, kill_training: bool = False) -> dict:
     def parsed():
         errors = api.get("/api/v2/importErrors").json().get("import_errors", [])
         if errors:
@@ -85,12 +118,19 @@ def run_dag(api: httpx.Client, conf: dict, timeout: float, artifacts: Path) -> d
     run_id = resp.json()["dag_run_id"]
     started = time.monotonic()
 
+    killed = kill_training_after_epoch_1(run_id, timeout) if kill_training else None
+
     def finished():
         state = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}").json()["state"]
         return state if state in ("success", "failed") else None
 
     state = wait_for(f"dag run {run_id} to finish", finished, timeout, 3)
-    result = {"run_id": run_id, "state": state, "seconds": round(time.monotonic() - started, 1)}
+    result = {"run_id": run_id, "state": state, "seconds": round(time.monotonic() - started, 1),
+              "killed_training": killed}
+    if kill_training:
+        result["train_tries"] = train_tries(api, run_id)
+        cell_result = next(output_root(run_id).glob("cells/*/result.json"), None)
+        result["cell_result"] = json.loads(cell_result.read_text()) if cell_result else None
     tis = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances", params={"limit": 100}).json()
     result["task_seconds"] = {  # where the run's time goes (skipped train.wN tasks have none)
         f"{ti['task_id']}[{ti['map_index']}]" if ti.get("map_index", -1) >= 0 else ti["task_id"]:
@@ -163,6 +203,8 @@ def main() -> int:
     parser.add_argument("--artifacts", type=Path, required=True)
     parser.add_argument("--conf", required=True, help="JSON conf of the dag run")
     parser.add_argument("--run-timeout", type=float, default=420)
+    parser.add_argument("--kill-training", action="store_true",
+                        help="SIGKILL training after epoch 1 and expect Airflow's retry to resume")
     args = parser.parse_args()
     args.artifacts.mkdir(parents=True, exist_ok=True)
     base = f"http://127.0.0.1:{os.environ.get('AIRFLOW__API__PORT', '8080')}"
@@ -179,7 +221,8 @@ def main() -> int:
             token = resp.json()["access_token"]
             results["unauthenticated_status"] = anon.get("/benchmarks/").status_code
         with httpx.Client(base_url=base, timeout=30, headers={"Authorization": f"Bearer {token}"}) as api:
-            results["dag_run"] = run_dag(api, json.loads(args.conf), args.run_timeout, args.artifacts)
+            results["dag_run"] = run_dag(api, json.loads(args.conf), args.run_timeout, args.artifacts,
+                                         kill_training=args.kill_training)
             page = api.get("/benchmarks/")
             results["authenticated_status"], results["benchmarks_html"] = page.status_code, page.text
         t1 = time.monotonic()
