@@ -32,6 +32,15 @@ trap 'rm -rf "$WORK"' EXIT
 
 # Private to this check (airflow_env.sh keeps values already set): home and outputs in $WORK.
 export AIRFLOW_HOME="$WORK/airflow_home" BENCHMARK_OUTPUT_ROOT="$WORK/runs"
+# Production-style metadata DB: this machine's PostgreSQL, reached over its Unix socket (the
+# namespace has no route to the host's 127.0.0.1:5432), in a fresh database. E2E_DB=sqlite
+# keeps Airflow's SQLite default instead (the `airflow dags test` tests cover that one).
+if [ "${E2E_DB:-postgres}" = postgres ]; then
+  PGSOCK="${PGSOCK:-/var/run/postgresql}"
+  psql -h "$PGSOCK" -U postgres -qc "DROP DATABASE IF EXISTS bench_ui_e2e" >/dev/null
+  psql -h "$PGSOCK" -U postgres -qc "CREATE DATABASE bench_ui_e2e" >/dev/null
+  export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN="postgresql+psycopg2://postgres@/bench_ui_e2e?host=$PGSOCK"
+fi
 # shellcheck disable=SC1091
 source "$ROOT/scripts/airflow_env.sh"
 mkdir -p "$AIRFLOW_HOME" "$BENCHMARK_OUTPUT_ROOT"

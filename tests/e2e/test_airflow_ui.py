@@ -52,6 +52,10 @@ def e2e_results() -> dict:
 def test_dag_run_succeeds_through_the_rest_api(e2e_results):
     run = e2e_results["dag_run"]
     assert run["state"] == "success", run
+    # production-style: LocalExecutor on PostgreSQL (the dags-test tests run on SQLite)
+    assert e2e_results["executor"] == "LocalExecutor"
+    expected_db = "sqlite" if os.environ.get("E2E_DB") == "sqlite" else "postgresql+psycopg2"
+    assert e2e_results["metadata_db"] == expected_db
     print(f"dag run {run['run_id']}: {run['seconds']} s; timings {e2e_results['timings']}")
 
 

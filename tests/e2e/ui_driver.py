@@ -220,6 +220,8 @@ def main() -> int:
                 raise Step(f"login as {user} refused ({resp.status_code}): {resp.text}")
             token = resp.json()["access_token"]
             results["unauthenticated_status"] = anon.get("/benchmarks/").status_code
+            results["metadata_db"] = os.environ.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "sqlite").split(":")[0]
+            results["executor"] = os.environ.get("AIRFLOW__CORE__EXECUTOR", "LocalExecutor")
         with httpx.Client(base_url=base, timeout=30, headers={"Authorization": f"Bearer {token}"}) as api:
             results["dag_run"] = run_dag(api, json.loads(args.conf), args.run_timeout, args.artifacts,
                                          kill_training=args.kill_training)
