@@ -16,7 +16,7 @@ conf="{\"profile\": \"smoke\"${BENCHMARK_CONF_EXTRA:+, $BENCHMARK_CONF_EXTRA}}"
 echo "airflow dags test imdb_benchmark -c '$conf'"
 start=$(date +%s)
 airflow dags test imdb_benchmark -c "$conf"
-latest=$(ls -td "$BENCHMARK_OUTPUT_ROOT"/*/ 2>/dev/null | head -1)
+latest=$(ls -t "$BENCHMARK_OUTPUT_ROOT"/*/config.json 2>/dev/null | head -1 | xargs -r dirname)
 echo "smoke benchmark finished in $(( $(date +%s) - start )) s; run folder: ${latest:-none}"
 [ -n "$latest" ] && [ -f "$latest/report/report.md" ] && cat "$latest/report/report.md"
 exit 0
