@@ -9,4 +9,6 @@ bash scripts/bootstrap.sh
 bash scripts/services.sh
 # shellcheck disable=SC1091
 source scripts/airflow_env.sh
+# Lint: undefined names, unused imports, syntax errors, Airflow 3 migration rules (AIR3).
+"$ROOT/.venv/bin/ruff" check --select F,E9,AIR3 pipelines dags plugins tests bench
 exec "$ROOT/.venv/bin/python" -m pytest --durations=25 --timeout=1200 "$@"

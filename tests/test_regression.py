@@ -10,7 +10,7 @@ from mlflow import MlflowClient
 from pipelines.evaluation import evaluate_run
 from pipelines.regression import FailedCellsError, RegressionError, check_regression
 from pipelines.tracking import log_benchmark
-from tests.test_evaluation import write_synthetic_run
+from tests.synthetic_results import write_synthetic_run
 
 
 @pytest.fixture(scope="module")

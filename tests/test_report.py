@@ -11,7 +11,7 @@ import matplotlib.image
 from PIL import Image
 
 from pipelines.report import TABLE_COLUMNS, build_report
-from tests.test_evaluation import write_synthetic_run
+from tests.synthetic_results import write_synthetic_run
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

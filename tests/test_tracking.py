@@ -27,7 +27,7 @@ from pipelines.evaluation import evaluate_run
 from pipelines.paths import RunPaths
 from pipelines.tracking import (CELL_FILE, PARENT_FILE, SYSTEM_METRICS_INTERVAL_S, TrackingUnavailable,
                                 cell_tracking, client_for, ensure_cell_run, log_benchmark, parent_run_id)
-from tests.test_evaluation import make_result, write_synthetic_run
+from tests.synthetic_results import make_result, write_synthetic_run
 
 
 def _free_port() -> int:
