@@ -2,6 +2,7 @@
 
     python -m pipelines data  --profile smoke --output runs [--set key=value ...]
     python -m pipelines train --backend ddp --workers 2 --profile smoke --output runs
+    python -m pipelines train --backend ddp --workers 4 --run-dir R --node-rank 1   # 2nd node
     python -m pipelines run   --profile smoke --output runs
     python -m pipelines report runs/<run_id> [--tracking-uri URI]   # re-report from the folder alone
 
@@ -46,6 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--backend", required=True, choices=[b.value for b in Backend])
     train.add_argument("--workers", required=True, type=int)
     train.add_argument("--repeat", type=int, default=0)
+    train.add_argument("--node-rank", type=int, help="multi-node ddp: this machine's node rank")
     with_run_options(sub.add_parser("run", help="the whole benchmark: data, every cell, report"))
     report = sub.add_parser("report", help="evaluate + report (+ MLflow) from a finished run folder")
     report.add_argument("run_dir")
@@ -101,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
             _ensure_data(run_dir)
         elif args.command == "train":
             _ensure_data(run_dir)
-            print(json.dumps(stages.train_cell(run_dir, args.backend, args.workers, args.repeat)))
+            print(json.dumps(stages.train_cell(run_dir, args.backend, args.workers, args.repeat,
+                                               node_rank=args.node_rank)))
         elif args.command == "run":
             _ensure_data(run_dir)
             failed = []

@@ -32,6 +32,15 @@ class Backend(str, Enum):
     DETERMINED = "determined"
 
 
+# Fields that say where/how a run is launched, tracked or judged, not what a cell trains.
+PLACEMENT_FIELDS = frozenset({
+    "profile", "backends", "worker_counts", "repeats", "target_accuracy", "spark_master",
+    "ddp_nnodes", "ddp_node_rank", "ddp_rdzv_endpoint", "determined_master", "output_root",
+    "mlflow_tracking_uri", "mlflow_experiment", "price_per_worker_hour",
+    "regression_time_threshold", "regression_accuracy_drop",
+})
+
+
 class ConfigError(ValueError):
     """A configuration value is wrong; the message names the field and what is allowed."""
 
@@ -116,6 +125,14 @@ class BenchmarkConfig(BaseModel):
 
     def to_json(self) -> str:
         return self.model_dump_json(indent=2)
+
+    def training_identity(self) -> dict[str, Any]:
+        """The fields that decide what a cell trains; a checkpoint resumes only if they match.
+
+        Where and how the run is launched or tracked (master URLs, rendezvous endpoint, output
+        and tracking locations, the matrix of cells) may change between attempts.
+        """
+        return self.model_dump(mode="json", exclude=PLACEMENT_FIELDS)
 
 
 PROFILES: dict[str, dict[str, Any]] = {

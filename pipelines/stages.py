@@ -80,17 +80,24 @@ def planned_cells(run_dir: str) -> list[tuple[str, int, int]]:
     return [(b.value, n, r) for b, n, r in config.cells()]
 
 
-def train_cell(run_dir: str, backend: str, workers: int, repeat: int = 0) -> dict:
+def train_cell(run_dir: str, backend: str, workers: int, repeat: int = 0,
+               node_rank: int | None = None) -> dict:
     """Train one (backend, workers, repeat) cell; writes cells/<cell>/result.json.
 
     Resumes from the cell's last checkpoint when it is run again (Airflow retry).
+    ``node_rank`` (multi-node ddp): this machine's rank; every node runs the same cell.
     """
     from pipelines.backends import run_cell
     from pipelines.tracking import cell_tracking
 
     config, paths = _load(run_dir)
-    with cell_tracking(config, paths, Backend(backend), workers, repeat):
+    if node_rank is not None:
+        config = config.model_copy(update={"ddp_node_rank": node_rank})
+    if config.ddp_node_rank > 0:  # node 0 tracks the cell; other nodes only lend processes
         result = run_cell(config, paths, Backend(backend), workers, repeat)
+    else:
+        with cell_tracking(config, paths, Backend(backend), workers, repeat):
+            result = run_cell(config, paths, Backend(backend), workers, repeat)
     return {"cell": paths.cell(backend, workers, repeat).name, "status": result.status,
             "total_seconds": result.total_seconds}
 

@@ -4,11 +4,12 @@
 
 One node (default): ``--standalone --nproc-per-node <workers>``. Several nodes: set
 ``ddp_nnodes``, ``ddp_node_rank`` and ``ddp_rdzv_endpoint`` (host:port on node 0, where the
-rendezvous store listens) and run the same cell on every node, each with its own node rank:
+rendezvous store listens) and run the same cell of the same run folder on every node, each
+with its own node rank (tests/scaleout/test_multinode_ddp.py does it on loopback):
 
-    python -m pipelines train --run-dir R --backend ddp --workers 4 \
-        --set ddp_nnodes=2 --set ddp_node_rank=0 --set ddp_rdzv_endpoint=node0:29400   # node 0
-    ... the same with ddp_node_rank=1                                                  # node 1
+    cfg = read_config(paths.config).model_copy(update=dict(
+        ddp_nnodes=2, ddp_node_rank=K, ddp_rdzv_endpoint="node0:29400"))
+    run_cell(cfg, paths, Backend.DDP, workers=4)          # on node K = 0, 1: 2 processes each
 
 Each node starts ``workers / ddp_nnodes`` processes (not divisible -> ``ValueError``). The
 rendezvous is torchrun's *static* one, so global rank = node_rank * nproc_per_node +
@@ -36,8 +37,8 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from pipelines.backends.base import LOG_FILE, RESULT_FILE, TrainingBackend
 from pipelines.config import Backend, BenchmarkConfig

@@ -112,6 +112,9 @@ class DeterminedBackend(TrainingBackend):
             validate_experiment_config(conf)
             submit_experiment(conf, cfg.determined_master)
             return
+        if cfg.ddp_nnodes > 1:  # across machines, Determined's own master schedules the slots
+            raise ValueError(f"determined: ddp_nnodes={cfg.ddp_nnodes} applies to the ddp backend; "
+                             "run Determined across machines through its master (determined_master)")
         # Determined copies the working directory into every checkpoint: run in an empty one.
         workdir = spec.cell_dir / "determined" / "code"
         workdir.mkdir(parents=True, exist_ok=True)

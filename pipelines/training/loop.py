@@ -32,6 +32,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset
 
+from pipelines.config import BenchmarkConfig
 from pipelines.data.tokens import read_token_split
 from pipelines.evaluation import classification_metrics
 from pipelines.results import CellResult, EpochMetrics, TestMetrics
@@ -223,8 +224,9 @@ def _train(spec: CellSpec, env: DistEnv, launch_time: float) -> None:
     last = ckpt.latest_checkpoint(ckpt_dir)
     if last is not None:
         state = ckpt.load_checkpoint(last)
-        if state["config"] != cfg.to_json() or state["world_size"] != env.world_size:
-            raise RuntimeError(f"{last} was written by a different config or world size; "
+        written_by = BenchmarkConfig.model_validate_json(state["config"]).training_identity()
+        if written_by != cfg.training_identity() or state["world_size"] != env.world_size:
+            raise RuntimeError(f"{last} was written by a different training config or world size; "
                                f"delete {ckpt_dir} to start this cell over")
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])

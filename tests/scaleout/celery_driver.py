@@ -27,7 +27,7 @@ TI_COLUMNS = ("task_id", "map_index", "state", "hostname", "queue", "try_number"
 
 
 def airflow(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["airflow", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run(["airflow", *args], capture_output=True, text=True, timeout=120, check=False)
 
 
 def parse_watch(items: list[str]) -> dict[str, tuple[int, Path]]:

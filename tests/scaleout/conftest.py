@@ -48,11 +48,11 @@ def scaleout_paths(tmp_path_factory, imdb_dir, bert_tiny_dir) -> RunPaths:
 @pytest.fixture(scope="session")
 def scaleout_config(scaleout_paths, imdb_dir, bert_tiny_dir):
     """``scaleout_config(**overrides)`` -> the tiny CPU config (2 epochs, batch 16, seq 64)."""
-    base = dict(
-        dataset_source=str(imdb_dir), tokenizer_source=str(bert_tiny_dir),
-        model_source=str(bert_tiny_dir), output_root=str(scaleout_paths.root.parent),
-        max_seq_len=SEQ_LEN, epochs=2, batch_size=16, learning_rate=5e-4, seed=42,
-    )
+    base = {
+        "dataset_source": str(imdb_dir), "tokenizer_source": str(bert_tiny_dir),
+        "model_source": str(bert_tiny_dir), "output_root": str(scaleout_paths.root.parent),
+        "max_seq_len": SEQ_LEN, "epochs": 2, "batch_size": 16, "learning_rate": 5e-4, "seed": 42,
+    }
 
     def _make(**overrides):
         return load_config("smoke", {**base, **overrides})

@@ -29,7 +29,7 @@ def test_celery_worker_runs_the_benchmark_dag(tmp_path):
     artifacts = tmp_path / "artifacts"
     started = time.monotonic()
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "e2e_celery.sh"), str(artifacts)],
-                          capture_output=True, text=True, timeout=420)
+                          capture_output=True, text=True, timeout=420, check=False)
     wall = time.monotonic() - started
     result_file = artifacts / "result.json"
     assert result_file.exists(), f"no result.json; stderr:\n{proc.stderr[-4000:]}\nstdout:\n{proc.stdout[-4000:]}"
