@@ -85,7 +85,7 @@ class BenchmarkConfig(BaseModel):
 
     # --- tracking, reporting, output -------------------------------------------------------
     output_root: str = "runs"
-    mlflow_tracking_uri: str | None = None  # None -> $MLFLOW_TRACKING_URI or <output_root>/mlflow.db
+    mlflow_tracking_uri: str | None = None  # default $MLFLOW_TRACKING_URI, else <output_root>/mlflow.db
     mlflow_experiment: str = "distributed-training-benchmark"
     price_per_worker_hour: float = Field(0.0, ge=0)
     regression_time_threshold: float = Field(0.25, gt=0)  # slowdown fraction that fails
@@ -104,14 +104,14 @@ class BenchmarkConfig(BaseModel):
         return list(dict.fromkeys(v))
 
     def resolved_tracking_uri(self) -> str:
-        """MLflow URI: the config's, else $MLFLOW_TRACKING_URI, else SQLite in the output root.
+        """MLflow URI: the config's, else a SQLite store in the output root.
 
-        Never MLflow's implicit default (a store in the current working directory).
+        Never MLflow's implicit default (a store in the current working directory). The
+        environment's MLFLOW_TRACKING_URI is taken when the config is built (``load_config``),
+        not here: MLflow itself sets that variable in-process, which must not re-route a run.
         """
         if self.mlflow_tracking_uri:
             return self.mlflow_tracking_uri
-        if os.environ.get("MLFLOW_TRACKING_URI"):
-            return os.environ["MLFLOW_TRACKING_URI"]
         return f"sqlite:///{Path(self.output_root).resolve() / 'mlflow.db'}"
 
     def cells(self) -> list[tuple[Backend, int, int]]:
@@ -169,10 +169,12 @@ def _format_error(err: ValidationError) -> str:
 
 
 def load_config(profile: str = "smoke", overrides: dict[str, Any] | None = None) -> BenchmarkConfig:
-    """Profile defaults, then overrides (None values mean 'keep the profile's')."""
+    """Profile defaults, then $MLFLOW_TRACKING_URI, then overrides (None = keep the default)."""
     if profile not in PROFILES:
         raise ConfigError(f"profile: unknown profile {profile!r} (allowed: {', '.join(PROFILES)})")
     values: dict[str, Any] = {**PROFILES[profile], "profile": profile}
+    if os.environ.get("MLFLOW_TRACKING_URI"):  # e.g. the compose stack's MLflow server
+        values["mlflow_tracking_uri"] = os.environ["MLFLOW_TRACKING_URI"]
     values.update({k: v for k, v in (overrides or {}).items() if v is not None})
     try:
         return BenchmarkConfig(**values)

@@ -63,7 +63,8 @@ class CellResult(BaseModel):
     total_seconds: float = 0.0
     samples_per_second: float = 0.0
     peak_memory_mb: float = 0.0
-    checkpoint_path: str | None = None
+    checkpoint_path: str | None = None  # last training checkpoint (model + optimizer + RNG)
+    model_path: str | None = None  # trained model, Hugging Face format (save_pretrained)
     resumed_from_epoch: int = 0  # 0 = fresh start
     versions: dict[str, str] = Field(default_factory=dict)  # torch, transformers, backend lib
     host: str | None = None

@@ -292,11 +292,15 @@ def log_cell_result(client, run_id: str, cell_dir: Path) -> CellResult | None:
         client.log_batch(run_id, metrics=metrics[i:i + 1000])
     client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
     client.log_artifact(run_id, str(result_file), artifact_path="result")
-    checkpoint = _checkpoint(result, cell_dir)
-    if checkpoint is not None and checkpoint.is_dir():
-        client.log_artifacts(run_id, str(checkpoint), artifact_path=f"model/{checkpoint.name}")
-    elif checkpoint is not None:
-        client.log_artifact(run_id, str(checkpoint), artifact_path="model")
+    model_dir = Path(result.model_path) if result.model_path else None
+    if model_dir is not None and model_dir.is_dir():  # Hugging Face format: config + weights
+        client.log_artifacts(run_id, str(model_dir), artifact_path="model")
+    else:  # older results: the training checkpoint is the model we have
+        checkpoint = _checkpoint(result, cell_dir)
+        if checkpoint is not None and checkpoint.is_dir():
+            client.log_artifacts(run_id, str(checkpoint), artifact_path=f"model/{checkpoint.name}")
+        elif checkpoint is not None:
+            client.log_artifact(run_id, str(checkpoint), artifact_path="model")
     client.set_tag(run_id, TAG_LOGGED, sha)  # last: a crash above means it is logged again
     return result
 

@@ -21,6 +21,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no hub here; the hub code path i
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 
+@pytest.fixture(autouse=True)
+def _no_leaked_tracking_uri(monkeypatch):
+    """mlflow.set_tracking_uri() exports MLFLOW_TRACKING_URI in-process: keep tests apart."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+
+
 @pytest.fixture(scope="session")
 def imdb_dir() -> Path:
     assert (IMDB_DIR / "train.parquet").exists(), f"real IMDB copy missing at {IMDB_DIR}"

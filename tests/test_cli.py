@@ -52,6 +52,13 @@ def test_run_then_rereport_into_a_fresh_store(tmp_path, imdb_dir, bert_tiny_dir)
     assert "cli-run" in names and any(n and n.startswith("ddp-w1-r0") for n in names), names
     cell = next(r for r in runs if r.data.tags.get("mlflow.parentRunId"))
     assert cell.data.metrics["test_accuracy"] == pytest.approx(result["test"]["accuracy"])
+    # The trained model is an artifact in Hugging Face format that loads back.
+    artifacts = {a.path for a in client.list_artifacts(cell.info.run_id, "model")}
+    assert {"model/config.json", "model/model.safetensors"} <= artifacts, artifacts
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(result["model_path"])
+    assert model.config.num_hidden_layers == 2 and model.config.hidden_size == 128
 
 
 @pytest.mark.slow

@@ -56,9 +56,17 @@ def test_cells_cover_every_backend_worker_repeat():
 
 
 def test_tracking_uri_is_never_the_working_directory(monkeypatch, tmp_path):
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     cfg = BenchmarkConfig(output_root=str(tmp_path))
     assert cfg.resolved_tracking_uri() == f"sqlite:///{tmp_path}/mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
-    assert cfg.resolved_tracking_uri() == "http://127.0.0.1:5000"
-    assert BenchmarkConfig(mlflow_tracking_uri="sqlite:///x.db").resolved_tracking_uri() == "sqlite:///x.db"
+    assert cfg.resolved_tracking_uri() == f"sqlite:///{tmp_path}/mlflow.db"  # fixed once built
+    assert load_config("smoke").resolved_tracking_uri() == "http://127.0.0.1:5000"  # taken at build
+    assert load_config("smoke", {"mlflow_tracking_uri": "sqlite:///x.db"}).resolved_tracking_uri() == "sqlite:///x.db"
+
+
+def test_training_identity_ignores_where_a_cell_runs():
+    base = load_config("smoke")
+    moved = load_config("smoke", {"spark_master": "spark://10.0.0.1:7077", "ddp_rdzv_endpoint": "h:29400",
+                                  "output_root": "/elsewhere", "mlflow_tracking_uri": "http://m:5000"})
+    assert moved.training_identity() == base.training_identity()  # a retry may resume elsewhere
+    assert load_config("smoke", {"learning_rate": 1e-3}).training_identity() != base.training_identity()

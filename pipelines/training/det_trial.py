@@ -217,7 +217,8 @@ def main(cell_dir: str, launch_time: float) -> None:
                 startup=(rec.first_step or time.time()) - launch_time, training=rec.train_time,
                 evaluation=rec.eval_time + test_seconds,
                 checkpoint_path=str(ckpt_path) if ckpt_path else None,
-                resumed_from=int(marker["epoch"]) if marker else 0), spec)
+                resumed_from=int(marker["epoch"]) if marker else 0,
+                model_path=loop.export_model(trial.raw_model, spec)), spec)
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
 

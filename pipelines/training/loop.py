@@ -172,10 +172,26 @@ def versions() -> dict[str, str]:
             "transformers": transformers.__version__}
 
 
+def export_model(model, spec: CellSpec) -> str:
+    """Rank 0: the trained model in Hugging Face format (config + safetensors) -> <cell>/model.
+
+    Loadable with ``AutoModelForSequenceClassification.from_pretrained``; written to a temporary
+    folder first so a reader never sees half a model.
+    """
+    import shutil
+
+    target, tmp = spec.cell_dir / "model", spec.cell_dir / "model.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.rename(target)
+    return str(target)
+
+
 def worker_result(spec: CellSpec, env: DistEnv, *, model_source: str, epochs: list[EpochMetrics],
                   test: TestMetrics, train_samples: int, test_samples: int, startup: float,
                   training: float, evaluation: float, checkpoint_path: str | None,
-                  resumed_from: int) -> CellResult:
+                  resumed_from: int, model_path: str | None = None) -> CellResult:
     return CellResult(
         backend=spec.backend, world_size=env.world_size, repeat=spec.repeat,
         device=device_name(env.device), model_source=model_source,
@@ -186,7 +202,7 @@ def worker_result(spec: CellSpec, env: DistEnv, *, model_source: str, epochs: li
         evaluation_seconds=evaluation,
         samples_per_second=epochs[-1].samples_per_second if epochs else 0.0,
         peak_memory_mb=peak_memory_mb(env.device), checkpoint_path=checkpoint_path,
-        resumed_from_epoch=resumed_from, versions=versions(), host=socket.gethostname(),
+        model_path=model_path, resumed_from_epoch=resumed_from, versions=versions(), host=socket.gethostname(),
     )
 
 
@@ -320,4 +336,5 @@ def _train(spec: CellSpec, env: DistEnv, launch_time: float) -> None:
         spec, env, model_source=model_source, epochs=history, test=test,
         train_samples=len(train_set), test_samples=len(test_set), startup=startup,
         training=train_time, evaluation=eval_time + test_seconds,
-        checkpoint_path=checkpoint_path, resumed_from=start_epoch), spec)
+        checkpoint_path=checkpoint_path, resumed_from=start_epoch,
+        model_path=export_model(model, spec)), spec)
