@@ -135,17 +135,20 @@ class BenchmarkConfig(BaseModel):
         return self.model_dump(mode="json", exclude=PLACEMENT_FIELDS)
 
 
+# Learning rates: BERT-tiny from random init (no hub here) needs ~1e-3 to leave chance level
+# within a few epochs (measured: 2k reviews, 4 epochs, lr 1e-3 -> 0.76 test accuracy; at 2e-4
+# it stays at 0.50 after 3 epochs of 4k). `paper` keeps a fine-tuning rate for pretrained weights.
 PROFILES: dict[str, dict[str, Any]] = {
     # Minutes on 2 CPU cores: the README's main command and CI use it.
     "smoke": dict(
         train_samples=400, test_samples=200, max_seq_len=64, epochs=2, batch_size=16,
-        learning_rate=5e-4, worker_counts=[1, 2], repeats=1, target_accuracy=0.55,
+        learning_rate=1e-3, worker_counts=[1, 2], repeats=1, target_accuracy=0.55,
         min_class_fraction=0.35,
     ),
     # Every night: big enough for stable medians, small enough for a CPU box.
     "nightly": dict(
         train_samples=4000, test_samples=2000, max_seq_len=128, epochs=3, batch_size=32,
-        learning_rate=2e-4, worker_counts=[1, 2], repeats=3, target_accuracy=0.7,
+        learning_rate=1e-3, worker_counts=[1, 2], repeats=3, target_accuracy=0.7,
     ),
     # The published study: full IMDB, 20 epochs, up to 3 workers.
     "paper": dict(
