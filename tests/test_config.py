@@ -69,4 +69,4 @@ def test_training_identity_ignores_where_a_cell_runs():
     moved = load_config("smoke", {"spark_master": "spark://10.0.0.1:7077", "ddp_rdzv_endpoint": "h:29400",
                                   "output_root": "/elsewhere", "mlflow_tracking_uri": "http://m:5000"})
     assert moved.training_identity() == base.training_identity()  # a retry may resume elsewhere
-    assert load_config("smoke", {"learning_rate": 1e-3}).training_identity() != base.training_identity()
+    assert load_config("smoke", {"learning_rate": 3e-4}).training_identity() != base.training_identity()
