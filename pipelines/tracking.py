@@ -315,6 +315,9 @@ def cell_tracking(config: BenchmarkConfig, paths: RunPaths, backend: Backend, wo
 
     cell_dir = paths.cell(backend, workers, repeat)
     client, run_id = None, None
+    # mlflow.set_tracking_uri exports MLFLOW_TRACKING_URI to the process: put it back after,
+    # so this cell's store never becomes the default of configs built later in the process.
+    previous_env = os.environ.get("MLFLOW_TRACKING_URI")
     try:
         client = client_for(config)
         run_id = ensure_cell_run(client, config, paths, backend, workers, repeat)
@@ -334,6 +337,10 @@ def cell_tracking(config: BenchmarkConfig, paths: RunPaths, backend: Backend, wo
     finally:
         if run_id is not None:
             _end_cell_run(client, run_id, cell_dir, status)
+        if previous_env is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = previous_env
 
 
 def _end_cell_run(client, run_id: str, cell_dir: Path, status: str) -> None:

@@ -21,9 +21,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no hub here; the hub code path i
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _no_tracking_uri_from_earlier_modules():
+    """mlflow.set_tracking_uri() exports MLFLOW_TRACKING_URI in-process; load_config reads it.
+    Module fixtures (built before function-scoped ones) must not inherit another test's store."""
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+
+
 @pytest.fixture(autouse=True)
 def _no_leaked_tracking_uri(monkeypatch):
-    """mlflow.set_tracking_uri() exports MLFLOW_TRACKING_URI in-process: keep tests apart."""
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
 
 

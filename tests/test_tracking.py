@@ -148,6 +148,7 @@ def test_cell_tracking_records_system_metrics_on_server(mlflow_server, make_conf
         (cell / "checkpoints/final").mkdir(parents=True)
         (cell / "checkpoints/final/model.pt").write_bytes(b"w" * 100)
         result.write(cell / "result.json")
+    assert "MLFLOW_TRACKING_URI" not in os.environ  # the fluent API's export was undone
 
     client = MlflowClient(tracking_uri=mlflow_server["url"])
     run = client.get_run(run_id)
