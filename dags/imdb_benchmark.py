@@ -66,7 +66,7 @@ if _PROJECT_ROOT not in sys.path:
 
 # pipelines.config needs only pydantic, which Airflow has already imported: ~5 ms. It keeps the
 # form's choices and bounds identical to the config's. Everything heavy is imported in tasks.
-from pipelines.config import PROFILES, Backend, BenchmarkConfig  # noqa: E402
+from pipelines.config import PROFILES, Backend, BenchmarkConfig, site_defaults  # noqa: E402
 
 log = logging.getLogger("imdb_benchmark")  # the module name Airflow gives the file is unreadable
 
@@ -74,12 +74,6 @@ POOL = "training_workers"
 MAX_WORKERS = 4  # one train task per worker count 1..MAX_WORKERS (see docstring); raise freely
 SLOTS_ENV = "BENCHMARK_TRAINING_SLOTS"  # the pool's size, exported by scripts/airflow_env.sh
 # Machine-specific defaults, read when a run starts (never at parse time).
-SITE_DEFAULT_ENV = {
-    "output_root": "BENCHMARK_OUTPUT_ROOT",
-    "dataset_source": "BENCHMARK_DATASET_SOURCE",
-    "tokenizer_source": "BENCHMARK_TOKENIZER_SOURCE",
-    "model_source": "BENCHMARK_MODEL_SOURCE",
-}
 _JSON_BOUNDS = (("ge", "minimum"), ("gt", "exclusiveMinimum"), ("le", "maximum"), ("lt", "exclusiveMaximum"))
 
 
@@ -154,7 +148,7 @@ CONFIG_PARAMS = tuple(k for k in PARAMS if k not in ("profile", "overrides"))
 def overrides_from_params(params: dict, environ: dict | None = None) -> dict:
     """Trigger params -> config overrides: site defaults from env, then the non-empty params."""
     environ = os.environ if environ is None else environ
-    overrides = {field: environ[var] for field, var in SITE_DEFAULT_ENV.items() if environ.get(var)}
+    overrides = site_defaults(environ)
     overrides.update({k: params[k] for k in CONFIG_PARAMS if params.get(k) not in (None, "", [])})
     overrides.update(params.get("overrides") or {})
     return overrides

@@ -9,7 +9,9 @@
 ``--output`` is the output root; each invocation works in ``<output>/<run_id>/`` (``--run-id``
 names it; default ``<profile>-<UTC timestamp>``). Pass ``--run-dir`` to continue in an existing
 run folder (its config.json wins): a re-run resumes training from the last checkpoints.
-Config overrides: ``--set epochs=3 --set 'backends=["ddp","spark"]'`` (JSON values).
+Config overrides: ``--set epochs=3 --set 'backends=["ddp","spark"]'`` (JSON values), on top of
+this host's defaults in BENCHMARK_DATASET_SOURCE / _TOKENIZER_SOURCE / _MODEL_SOURCE /
+_OUTPUT_ROOT (set by scripts/airflow_env.sh when ../shared/data exists), as in the DAG.
 Exit status: 0 success, 1 a step failed (message names it), 2 bad input.
 """
 
@@ -23,7 +25,7 @@ import time
 from pathlib import Path
 
 from pipelines import stages
-from pipelines.config import PROFILES, Backend, ConfigError, parse_set_options
+from pipelines.config import PROFILES, Backend, ConfigError, parse_set_options, site_defaults
 
 log = logging.getLogger("pipelines")
 
@@ -61,7 +63,8 @@ def _run_dir(args: argparse.Namespace) -> str:
         if not (Path(args.run_dir) / "config.json").exists():
             raise ConfigError(f"--run-dir {args.run_dir}: no config.json there (not a run folder)")
         return str(Path(args.run_dir).resolve())
-    overrides = parse_set_options(args.overrides)
+    # this host's defaults (BENCHMARK_* variables, as in the DAG), then the command line
+    overrides = {**site_defaults(), **parse_set_options(args.overrides)}
     if args.output:
         overrides["output_root"] = args.output
     run_id = args.run_id or f"{args.profile}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"

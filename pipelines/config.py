@@ -158,6 +158,22 @@ PROFILES: dict[str, dict[str, Any]] = {
 }
 
 
+# Machine-specific defaults (where the data and the run folders are on this host), read by the
+# DAG and the CLI for fields a trigger or command line leaves empty; scripts/airflow_env.sh sets them.
+SITE_DEFAULT_ENV = {
+    "output_root": "BENCHMARK_OUTPUT_ROOT",
+    "dataset_source": "BENCHMARK_DATASET_SOURCE",
+    "tokenizer_source": "BENCHMARK_TOKENIZER_SOURCE",
+    "model_source": "BENCHMARK_MODEL_SOURCE",
+}
+
+
+def site_defaults(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """Config overrides from the BENCHMARK_* variables that are set (see SITE_DEFAULT_ENV)."""
+    environ = os.environ if environ is None else environ
+    return {field: environ[var] for field, var in SITE_DEFAULT_ENV.items() if environ.get(var)}
+
+
 def _format_error(err: ValidationError) -> str:
     lines = []
     for e in err.errors():

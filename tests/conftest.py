@@ -21,6 +21,18 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no hub here; the hub code path i
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _stop_spark_at_the_end():
+    """Stop the SparkSession the tests shared, before the interpreter (and py4j) goes away."""
+    yield
+    if "pyspark" in sys.modules:
+        from pyspark.sql import SparkSession
+
+        session = SparkSession._instantiatedSession
+        if session is not None:
+            session.stop()
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _no_tracking_uri_from_earlier_modules():
     """mlflow.set_tracking_uri() exports MLFLOW_TRACKING_URI in-process; load_config reads it.
