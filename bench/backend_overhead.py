@@ -7,9 +7,10 @@
 First a bare torchrun job (this file re-run as ``--bare-worker``: plain DDP, no project code,
 BERT-tiny from its config, same steps/batch/sequence length), then every backend's real cell
 (``pipelines.backends.run_cell``) on token shards of the real IMDB copy. Prints steady-state
-training time (forward/backward/step only) and its ratio to bare torchrun and to ddp, and
-start-up / total wall time separately. Targets at full size: ddp <= 1.03x bare; spark <= 1.10x
-and determined <= 1.05x of ddp. Writes ``<out>/overhead.json``. Needs ../shared/data (or
+training time (training epochs: data loading + forward/backward/step) and its ratio to bare
+torchrun and to ddp, and start-up / total wall time separately. ``--rounds`` (default 3) repeats
+every path, interleaved in a rotating order; medians are reported with the per-round ratios.
+Targets at full size: ddp <= 1.03x bare; spark <= 1.10x and determined <= 1.05x of ddp. Writes ``<out>/overhead.json``. Needs ../shared/data (or
 SHARED_DATA) and 2+ free cores for world size 2.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import os
 import subprocess
 import sys
@@ -66,8 +68,8 @@ def bare_worker(args) -> None:
         dist.destroy_process_group()
 
 
-def run_bare(args, out: Path) -> dict:
-    result = out / "bare.json"
+def run_bare(args, out: Path, rnd: int = 0) -> dict:
+    result = out / f"bare-r{rnd}.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
            "--nproc-per-node", str(args.workers), "--monitor-interval", "0.1", __file__, "--bare-worker",
            "--bare-out", str(result), *(f"--{k.replace('_', '-')}={v}" for k, v in (
@@ -104,6 +106,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--backends", default="ddp,spark,determined")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved repetitions (medians reported)")
     p.add_argument("--model", default=str(SHARED / "bert-tiny"))
     p.add_argument("--out", default=None, help="output folder (default: a temp folder)")
     p.add_argument("--bare-worker", action="store_true", help=argparse.SUPPRESS)
@@ -124,22 +127,34 @@ def main() -> None:
         max_seq_len=args.seq_len, epochs=args.epochs, batch_size=args.batch_size,
         threads_per_worker=args.threads, seed=args.seed, spark_master=f"local[{max(2, args.workers)}]",
         train_samples=args.train_samples, test_samples=args.test_samples))
-    rows = {"bare": run_bare(args, out)}
-    for name in args.backends.split(","):
-        r = run_cell(config, paths, name, args.workers, 0)
-        rows[name] = {"training_seconds": r.training_seconds, "startup_seconds": r.startup_seconds,
-                      "evaluation_seconds": r.evaluation_seconds, "total_seconds": r.total_seconds}
+    # Rounds interleave the paths (rotating their order) so drift on a shared machine hits all
+    # alike; ratios are of the medians over rounds, with the per-round spread shown.
+    names = ["bare", *args.backends.split(",")]
+    runs: dict[str, list[dict]] = {name: [] for name in names}
+    for rnd in range(args.rounds):
+        for name in names[rnd % len(names):] + names[:rnd % len(names)]:
+            if name == "bare":
+                runs[name].append(run_bare(args, out, rnd))
+                continue
+            r = run_cell(config, paths, name, args.workers, rnd)
+            runs[name].append({"training_seconds": r.training_seconds, "startup_seconds": r.startup_seconds,
+                               "evaluation_seconds": r.evaluation_seconds, "total_seconds": r.total_seconds})
+    rows = {name: {key: statistics.median(run[key] for run in rs) for key in rs[0]} for name, rs in runs.items()}
+    train = {name: [run["training_seconds"] for run in rs] for name, rs in runs.items()}
     bare, ddp = rows["bare"]["training_seconds"], rows.get("ddp", {}).get("training_seconds")
     print(f"\n{args.workers} worker(s), {args.train_samples} reviews x {args.epochs} epochs, "
-          f"batch {args.batch_size}/worker, seq {args.seq_len}")
-    print(f"{'path':<11}{'train s':>9}{'x bare':>8}{'x ddp':>7}{'start-up s':>12}{'total s':>9}")
+          f"batch {args.batch_size}/worker, seq {args.seq_len}; median of {args.rounds} round(s)")
+    print(f"{'path':<11}{'train s':>9}{'x bare':>8}{'x ddp':>7}{'x ddp per round':>22}"
+          f"{'start-up s':>12}{'total s':>9}")
     for name, row in rows.items():
         row["x_bare"] = row["training_seconds"] / bare
         row["x_ddp"] = row["training_seconds"] / ddp if ddp else None
+        row["x_ddp_per_round"] = [t / d for t, d in zip(train[name], train["ddp"])] if ddp else []
+        spread = " ".join(f"{x:.3f}" for x in row["x_ddp_per_round"])
         print(f"{name:<11}{row['training_seconds']:>9.2f}{row['x_bare']:>8.3f}"
-              f"{row['x_ddp'] if row['x_ddp'] else float('nan'):>7.3f}"
+              f"{row['x_ddp'] if row['x_ddp'] else float('nan'):>7.3f}{spread:>22}"
               f"{row.get('startup_seconds', float('nan')):>12.2f}{row['total_seconds']:>9.2f}")
-    (out / "overhead.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2))
+    (out / "overhead.json").write_text(json.dumps({"args": vars(args), "rows": rows, "runs": runs}, indent=2))
     print(f"written {out / 'overhead.json'}")
 
 
