@@ -7,7 +7,8 @@ With ``determined_master`` set: the same run is submitted as an experiment throu
 ``experiment_config``; the run folder must then be on storage the agents mount at the same
 path, since rank 0 writes the result file there. ``validate_experiment_config`` checks the
 generated config with what the determined 0.37 package ships (its YAML loader and its
-``ExperimentConfig`` accessors); full schema validation happens on the master.
+``ExperimentConfig`` accessors); the master validates the full schema, and the tests check the
+config against Determined's own expconf schema (tests/backends/test_determined_schema.py).
 """
 
 from __future__ import annotations
