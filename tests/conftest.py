@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ IMDB_DIR = SHARED_DATA / "imdb"
 BERT_TINY_DIR = SHARED_DATA / "bert-tiny"
 
 sys.path.insert(0, str(PROJECT_ROOT))
+logging.getLogger("py4j").setLevel(logging.WARNING)  # its shutdown chatter hits closed streams
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
