@@ -3,30 +3,20 @@ cache so each (backend, world size) cell trains once per test session."""
 
 from __future__ import annotations
 
-import pandas as pd
 import pytest
 
 from pipelines.config import load_config
-from pipelines.data.tokens import tokenize_frame
 from pipelines.paths import RunPaths
+from tests.token_shards import write_token_shards
 
 TRAIN_PER_CLASS, TEST_PER_CLASS, SEQ_LEN = 128, 64, 64
 
 
-def _stratified(frame: pd.DataFrame, per_class: int, seed: int) -> pd.DataFrame:
-    parts = [g.sample(per_class, random_state=seed) for _, g in frame.groupby("label")]
-    return pd.concat(parts).sample(frac=1.0, random_state=seed).reset_index(drop=True)
-
-
 @pytest.fixture(scope="session")
 def run_paths(tmp_path_factory, imdb_dir, bert_tiny_dir) -> RunPaths:
-    paths = RunPaths(tmp_path_factory.mktemp("run"))
-    for split, per_class in (("train", TRAIN_PER_CLASS), ("test", TEST_PER_CLASS)):
-        frame = _stratified(pd.read_parquet(imdb_dir / f"{split}.parquet"), per_class, seed=7)
-        out = paths.token_split(split)
-        out.mkdir(parents=True)
-        tokenize_frame(frame, str(bert_tiny_dir), SEQ_LEN).to_parquet(out / "part-00000.parquet")
-    return paths
+    return write_token_shards(RunPaths(tmp_path_factory.mktemp("run")), imdb_dir, bert_tiny_dir,
+                              train_per_class=TRAIN_PER_CLASS, test_per_class=TEST_PER_CLASS,
+                              seq_len=SEQ_LEN, seed=7)
 
 
 @pytest.fixture(scope="session")

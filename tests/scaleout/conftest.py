@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import socket
 
-import pandas as pd
 import pytest
 
 from pipelines.config import load_config
-from pipelines.data.tokens import tokenize_frame
 from pipelines.paths import RunPaths
+from tests.token_shards import write_token_shards
 
 # 128 train / 64 test reviews, seq 64, batch 16: 4 steps per epoch at world size 2.
 TRAIN_PER_CLASS, TEST_PER_CLASS, SEQ_LEN = 64, 32, 64
@@ -29,20 +28,11 @@ def free_port():
     return _free_port
 
 
-def _stratified(frame: pd.DataFrame, per_class: int, seed: int) -> pd.DataFrame:
-    parts = [g.sample(per_class, random_state=seed) for _, g in frame.groupby("label")]
-    return pd.concat(parts).sample(frac=1.0, random_state=seed).reset_index(drop=True)
-
-
 @pytest.fixture(scope="session")
 def scaleout_paths(tmp_path_factory, imdb_dir, bert_tiny_dir) -> RunPaths:
-    paths = RunPaths(tmp_path_factory.mktemp("scaleout-run"))
-    for split, per_class in (("train", TRAIN_PER_CLASS), ("test", TEST_PER_CLASS)):
-        frame = _stratified(pd.read_parquet(imdb_dir / f"{split}.parquet"), per_class, seed=11)
-        out = paths.token_split(split)
-        out.mkdir(parents=True)
-        tokenize_frame(frame, str(bert_tiny_dir), SEQ_LEN).to_parquet(out / "part-00000.parquet")
-    return paths
+    return write_token_shards(RunPaths(tmp_path_factory.mktemp("scaleout-run")), imdb_dir, bert_tiny_dir,
+                              train_per_class=TRAIN_PER_CLASS, test_per_class=TEST_PER_CLASS,
+                              seq_len=SEQ_LEN, seed=11)
 
 
 @pytest.fixture(scope="session")
