@@ -27,9 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-SHARED = Path(os.environ.get("SHARED_DATA", ROOT.parent / "shared" / "data"))
+from pipelines.paths import PROJECT_ROOT
+
+SHARED = Path(os.environ.get("SHARED_DATA", PROJECT_ROOT.parent / "shared" / "data"))
 
 
 def bare_worker(args) -> None:
@@ -85,7 +85,9 @@ def make_shards(args, paths) -> None:
     import pandas as pd
 
     from pipelines.data.tokens import tokenize_frame
+    from pipelines.fileio import atomic_write_json
 
+    atomic_write_json(paths.manifest, {"labels": [0, 1], "source": str(SHARED / "imdb"), "splits": {}})
     for split, n in (("train", args.train_samples), ("test", args.test_samples)):
         frame = pd.read_parquet(SHARED / "imdb" / f"{split}.parquet")
         frame = pd.concat(g.sample(n // 2, random_state=args.seed) for _, g in frame.groupby("label"))
@@ -116,7 +118,7 @@ def main() -> None:
         return bare_worker(args)
 
     from pipelines.backends import run_cell
-    from pipelines.config import load_config
+    from pipelines.config import Backend, load_config
     from pipelines.paths import RunPaths
 
     out = Path(args.out or tempfile.mkdtemp(prefix="overhead-"))
@@ -136,7 +138,7 @@ def main() -> None:
             if name == "bare":
                 runs[name].append(run_bare(args, out, rnd))
                 continue
-            r = run_cell(config, paths, name, args.workers, rnd)
+            r = run_cell(config, paths, Backend(name), args.workers, rnd)
             runs[name].append({"training_seconds": r.training_seconds, "startup_seconds": r.startup_seconds,
                                "evaluation_seconds": r.evaluation_seconds, "total_seconds": r.total_seconds})
     rows = {name: {key: statistics.median(run[key] for run in rs) for key in rs[0]} for name, rs in runs.items()}

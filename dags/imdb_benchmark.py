@@ -12,7 +12,10 @@ prepare_run -> ingest -> validate_snapshot -> preprocess -> validate_tokens
   -> check_regression
 ```
 
-Every task calls one function of `pipelines.stages` with the run folder
+The steps after training are `pipelines.runner.FINISH_STEPS`, the same order and failure
+policy as `python -m pipelines run` (a step runs only when the one before succeeded; failed
+cells fail the run at `check_regression`, after their report). Every task calls one function
+of `pipelines.stages` (or `pipelines.runner.run_step`) with the run folder
 `<output_root>/<run_id>/`; XCom carries only that path and the small dicts the stages
 return. Each step reads the resolved config from `<run folder>/config.json`, so a task can be
 cleared and re-run on its own.
@@ -45,7 +48,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -59,21 +61,18 @@ from airflow.sdk import (
     task,
 )
 
-# The dags folder is on sys.path, the project root not always (a plain `airflow standalone`).
-_PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
-if _PROJECT_ROOT not in sys.path:
-    sys.path.insert(0, _PROJECT_ROOT)
-
-# pipelines.config needs only pydantic, which Airflow has already imported: ~5 ms. It keeps the
-# form's choices and bounds identical to the config's. Everything heavy is imported in tasks.
-from pipelines.config import PROFILES, Backend, BenchmarkConfig, site_defaults  # noqa: E402
+# `pipelines` is installed in Airflow's environment (scripts/bootstrap.sh: pip install -e .).
+# pipelines.config and .runner need only pydantic, which Airflow has already imported: ~5 ms.
+# They keep the form's choices and bounds, and the step order, identical to the CLI's.
+# Everything heavy is imported inside tasks.
+from pipelines.config import PROFILES, Backend, BenchmarkConfig, site_defaults
+from pipelines.runner import FINISH_STEPS
 
 log = logging.getLogger("imdb_benchmark")  # the module name Airflow gives the file is unreadable
 
 POOL = "training_workers"
 MAX_WORKERS = 4  # one train task per worker count 1..MAX_WORKERS (see docstring); raise freely
 SLOTS_ENV = "BENCHMARK_TRAINING_SLOTS"  # the pool's size, exported by scripts/airflow_env.sh
-# Machine-specific defaults, read when a run starts (never at parse time).
 _JSON_BOUNDS = (("ge", "minimum"), ("gt", "exclusiveMinimum"), ("le", "maximum"), ("lt", "exclusiveMaximum"))
 
 
@@ -166,8 +165,7 @@ def plan_by_workers(cells: list[tuple], pool_slots: int | None) -> dict[str, lis
             raise ValueError(f"worker_counts: {workers} workers need {workers} slots of pool {POOL!r}, "
                              f"which has {pool_slots} ({SLOTS_ENV}; GPU or CPU count). Lower worker_counts "
                              f"or resize the pool: {SLOTS_ENV}={workers} bash scripts/airflow_setup.sh")
-        plan[f"w{workers}"].append({"backend": getattr(backend, "value", backend), "workers": workers,
-                                    "repeat": repeat})
+        plan[f"w{workers}"].append({"backend": str(backend), "workers": workers, "repeat": repeat})
     return plan
 
 
@@ -247,37 +245,15 @@ def imdb_benchmark():
         """One cell; a retry resumes from the cell's last checkpoint."""
         from pipelines import stages
 
-        result = stages.train_cell(run_dir, backend, workers, repeat)
+        result = stages.train_cell(run_dir, Backend(backend), workers, repeat)  # XCom str -> enum, once
         return _logged(f"train {backend} x{workers} r{repeat}", result)
 
-    @task(trigger_rule=TriggerRule.ALL_DONE)
-    def evaluate(run_dir: str) -> dict:
-        """Runs once every cell is done, failed ones included, so the report shows them."""
-        from pipelines import stages
-        from pipelines.paths import RunPaths
-
-        if not any(RunPaths(Path(run_dir)).cells.glob("*/result.json")):
-            raise RuntimeError(f"no training cell wrote a result under {run_dir}/cells: the data stage or "
-                               "every cell failed before writing one; see the upstream task logs")
-        return _logged("evaluate", stages.evaluate(run_dir))
-
     @task
-    def report(run_dir: str) -> dict:
-        from pipelines import stages
+    def finish_step(run_dir: str, step: str) -> dict:
+        """One step of pipelines.runner.FINISH_STEPS (evaluate, report, track, check_regression)."""
+        from pipelines import runner
 
-        return _logged("report", stages.report(run_dir))
-
-    @task
-    def track(run_dir: str) -> dict:
-        from pipelines import stages
-
-        return _logged("track", stages.track(run_dir))
-
-    @task
-    def check_regression(run_dir: str) -> dict:
-        from pipelines import stages
-
-        return _logged("check_regression", stages.check_regression(run_dir))
+        return _logged(step, runner.run_step(step, run_dir))
 
     run_dir = prepare_run()
     data_steps = [ingest(run_dir), validate_snapshot(run_dir), preprocess(run_dir), validate_tokens(run_dir)]
@@ -289,9 +265,14 @@ def imdb_benchmark():
             cells = plan.override(task_id=f"plan_w{n}")(run_dir, n)
             data_steps[-1] >> cells
             train.override(task_id=f"w{n}", pool_slots=n).partial(run_dir=run_dir).expand_kwargs(cells)
-    evaluated = evaluate(run_dir)
-    train_group >> evaluated
-    evaluated >> report(run_dir) >> track(run_dir) >> check_regression(run_dir)
+    # evaluate runs once every cell is done, failed ones included, so the report shows them;
+    # each later step only after the one before succeeded (the CLI's policy too).
+    previous = train_group
+    for i, step in enumerate(FINISH_STEPS):
+        rule = TriggerRule.ALL_DONE if i == 0 else TriggerRule.ALL_SUCCESS
+        current = finish_step.override(task_id=step, trigger_rule=rule)(run_dir, step)
+        previous >> current
+        previous = current
 
 
 imdb_benchmark()

@@ -12,7 +12,10 @@ run folder (its config.json wins): a re-run resumes training from the last check
 Config overrides: ``--set epochs=3 --set 'backends=["ddp","spark"]'`` (JSON values), on top of
 this host's defaults in BENCHMARK_DATASET_SOURCE / _TOKENIZER_SOURCE / _MODEL_SOURCE /
 _OUTPUT_ROOT (set by scripts/airflow_env.sh when ../shared/data exists), as in the DAG.
-Exit status: 0 success, 1 a step failed (message names it), 2 bad input.
+After training, ``run`` and ``report`` follow ``pipelines.runner`` (evaluate -> report ->
+MLflow -> regression check), the same policy as the Airflow DAG. Exit status: 0 success,
+1 a step or a cell failed (the message names it and says how to resume), 2 bad input.
+``--verbose`` shows debug logs and the traceback of a failure.
 """
 
 from __future__ import annotations
@@ -22,10 +25,12 @@ import json
 import logging
 import sys
 import time
+import traceback
 from pathlib import Path
 
-from pipelines import stages
+from pipelines import runner, stages
 from pipelines.config import PROFILES, Backend, ConfigError, parse_set_options, site_defaults
+from pipelines.paths import RunPaths
 
 log = logging.getLogger("pipelines")
 
@@ -33,6 +38,7 @@ log = logging.getLogger("pipelines")
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m pipelines", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logs and tracebacks")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def with_run_options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -60,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _run_dir(args: argparse.Namespace) -> str:
     if args.run_dir:
-        if not (Path(args.run_dir) / "config.json").exists():
+        if not RunPaths.is_run_folder(Path(args.run_dir)):
             raise ConfigError(f"--run-dir {args.run_dir}: no config.json there (not a run folder)")
         return str(Path(args.run_dir).resolve())
     # this host's defaults (BENCHMARK_* variables, as in the DAG), then the command line
@@ -73,59 +79,65 @@ def _run_dir(args: argparse.Namespace) -> str:
 
 def _ensure_data(run_dir: str) -> None:
     """Run the data stage unless its token shards are already there (a resumed run)."""
-    if not any((Path(run_dir) / "tokens" / "test").glob("part-*.parquet")):
+    if not any(RunPaths(Path(run_dir)).token_split("test").glob("part-*.parquet")):
         log.info("data stage: %s", json.dumps(stages.data_stage(run_dir), default=str))
 
 
-def _finish(run_dir: str, with_mlflow: bool = True, tracking_uri: str | None = None) -> None:
-    """Evaluate and report from files; then MLflow, whose failure loses nothing."""
-    stages.evaluate(run_dir)
-    written = stages.report(run_dir)
-    log.info("report: %s", written)
-    if with_mlflow:
+def _train_all(run_dir: str) -> list[str]:
+    """Every planned cell; a failed cell is recorded (result.json) and the others go on."""
+    failed = []
+    for backend, workers, repeat in stages.planned_cells(run_dir):
         try:
-            log.info("mlflow: %s", stages.track(run_dir, tracking_uri))
-        except Exception as err:  # the run folder stays complete; re-run `report` later
-            log.warning("MLflow logging failed (%s); re-log with: python -m pipelines report %s", err, run_dir)
-            return
-        log.info("regression check: %s", stages.check_regression(run_dir, tracking_uri))
+            stages.train_cell(run_dir, backend, workers, repeat)
+        except Exception as err:
+            log.error("cell %s w%d r%d failed: %s", backend, workers, repeat, err)
+            failed.append(f"{backend}-w{workers}-r{repeat}")
+    return failed
+
+
+def _command(args: argparse.Namespace) -> int:
+    if args.command == "report":
+        if not RunPaths.is_run_folder(Path(args.run_dir)):
+            raise ConfigError(f"{args.run_dir}: no config.json there (not a run folder)")
+        runner.finish(str(Path(args.run_dir).resolve()), tracking_uri=args.tracking_uri,
+                      with_mlflow=not args.no_mlflow)
+        return 0
+    run_dir = _run_dir(args)
+    print(f"run folder: {run_dir}", flush=True)
+    _ensure_data(run_dir)
+    if args.command == "train":
+        try:
+            print(json.dumps(stages.train_cell(run_dir, Backend(args.backend), args.workers, args.repeat,
+                                               node_rank=args.node_rank)))
+        except Exception as err:
+            raise runner.StepFailed("train", err, runner.resume_hint("train", run_dir)) from err
+    elif args.command == "run":
+        failed = _train_all(run_dir)
+        try:
+            runner.finish(run_dir)
+        finally:  # the hint must come out whatever the steps after training did
+            if failed:
+                print(f"failed cells: {', '.join(failed)}; {runner.resume_hint('train', run_dir)}",
+                      file=sys.stderr)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        if args.command == "report":
-            if not (Path(args.run_dir) / "config.json").exists():
-                raise ConfigError(f"{args.run_dir}: no config.json there (not a run folder)")
-            _finish(str(Path(args.run_dir).resolve()), not args.no_mlflow, args.tracking_uri)
-            return 0
-        run_dir = _run_dir(args)
-        print(f"run folder: {run_dir}", flush=True)
-        if args.command == "data":
-            _ensure_data(run_dir)
-        elif args.command == "train":
-            _ensure_data(run_dir)
-            print(json.dumps(stages.train_cell(run_dir, args.backend, args.workers, args.repeat,
-                                               node_rank=args.node_rank)))
-        elif args.command == "run":
-            _ensure_data(run_dir)
-            failed = []
-            for backend, workers, repeat in stages.planned_cells(run_dir):
-                try:
-                    stages.train_cell(run_dir, backend, workers, repeat)
-                except Exception as err:  # recorded in the cell's result.json; the report lists it
-                    log.error("cell %s w%d r%d failed: %s", backend, workers, repeat, err)
-                    failed.append(f"{backend}-w{workers}-r{repeat}")
-            _finish(run_dir)
-            if failed:
-                print(f"failed cells: {', '.join(failed)}; re-run with --run-dir {run_dir} to resume them")
-                return 1
+        return _command(args)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except Exception as err:
-        log.debug("failure", exc_info=True)
-        print(f"error: {type(err).__name__}: {err}", file=sys.stderr)
+    except runner.StepFailed as err:
+        if args.verbose:
+            traceback.print_exception(err.cause, file=sys.stderr)
+        print(f"error: {err}\n{err.hint}", file=sys.stderr)
         return 1
-    return 0
+    except Exception as err:
+        if args.verbose:
+            traceback.print_exc(file=sys.stderr)
+        print(f"error: {type(err).__name__}: {err} (--verbose shows the traceback)", file=sys.stderr)
+        return 1

@@ -14,18 +14,25 @@ from __future__ import annotations
 
 import json
 import os
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from pipelines.fileio import atomic_write_text
+
 DEFAULT_DATASET = "stanfordnlp/imdb"  # hub dataset id; a local folder works too
 DEFAULT_MODEL = "prajjwal1/bert-tiny"  # hub model id; a local folder works too
 
 
-class Backend(str, Enum):
-    """Training platforms under comparison. Adding one = a member here + an adapter module."""
+class Backend(StrEnum):
+    """Training platforms under comparison: the one registration of a backend.
+
+    Adding one = a member here + the module ``pipelines/backends/<value>.py`` defining a
+    ``TrainingBackend`` subclass (``pipelines.backends.get_backend`` finds it by that name).
+    Strings become members once, where they enter: CLI arguments, DAG params, JSON files.
+    """
 
     DDP = "ddp"
     SPARK = "spark"
@@ -216,8 +223,7 @@ def parse_set_options(pairs: list[str]) -> dict[str, Any]:
 
 
 def save_config(config: BenchmarkConfig, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(config.to_json())
+    atomic_write_text(path, config.to_json())
 
 
 def read_config(path: Path) -> BenchmarkConfig:

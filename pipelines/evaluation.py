@@ -1,18 +1,19 @@
-"""Evaluation: classification metrics of a trained cell, and the run-level summary.
+"""Evaluation: the run-level summary of every training cell.
 
-``classification_metrics`` is called by the shared training loop (rank 0) at the end of
-training. ``evaluate_run(config, paths)`` (the ``evaluate`` stage) reads every configured
-``cells/<backend>-w<N>-r<repeat>/result.json`` and writes ``report/summary.json``:
+``evaluate_run(config, paths)`` (the ``evaluate`` stage) reads every configured
+``cells/<backend>-w<N>-r<repeat>/result.json`` and writes ``report/summary.json``
+(``pipelines.summary.RunSummary``):
 
 - per cell: time-to-target-accuracy (MLPerf style: first epoch whose held-out accuracy
   >= ``config.target_accuracy``, and its training wall time; None if never reached);
 - per (backend, workers): median/min/max over repeats of total and training time,
-  samples/s, test accuracy/F1; scaling efficiency t(1)/(N*t(N)) on training time (fixed
+  samples/s, test accuracy/macro-F1; scaling efficiency t(1)/(N*t(N)) on training time (fixed
   global work; None without a 1-worker cell); overhead vs DDP at the same worker count
   ((t - t_ddp)/t_ddp on total and training time); worker-hours and estimated cost;
 - the failed cells and why (a missing result.json counts as failed "no result").
 
-It never raises for failed cells: the report must come out for partial runs.
+It never raises for failed cells: the report must come out for partial runs. Per-prediction
+metrics live in ``pipelines.metrics`` (computed by the workers).
     python -c "from pipelines.stages import evaluate; print(evaluate('runs/<run>'))"
 """
 
@@ -22,41 +23,14 @@ import json
 import logging
 import os
 import statistics
-from typing import Any
-
-import numpy as np
 
 from pipelines.config import Backend, BenchmarkConfig
-from pipelines.paths import RunPaths
-from pipelines.results import CellResult, TestMetrics
+from pipelines.paths import RunPaths, cell_name
+from pipelines.results import CellResult
+from pipelines.summary import Aggregate, CellRow, FailedCell, Hardware, RunSummary, Stats
 
 log = logging.getLogger(__name__)
 
-
-def classification_metrics(labels: np.ndarray, predictions: np.ndarray, loss: float) -> TestMetrics:
-    """Binary metrics with label 1 (positive review) as the positive class."""
-    from sklearn.metrics import accuracy_score, confusion_matrix, precision_recall_fscore_support
-
-    labels = np.asarray(labels)
-    predictions = np.asarray(predictions)
-    precision, recall, f1, _ = precision_recall_fscore_support(
-        labels, predictions, average="binary", pos_label=1, zero_division=0
-    )
-    return TestMetrics(
-        accuracy=float(accuracy_score(labels, predictions)),
-        f1=float(f1),
-        precision=float(precision),
-        recall=float(recall),
-        loss=float(loss),
-        confusion_matrix=confusion_matrix(labels, predictions, labels=[0, 1]).tolist(),
-    )
-
-
-# --------------------------------------------------------------------------------------------
-# Run-level evaluation: cells/*/result.json -> report/summary.json
-# --------------------------------------------------------------------------------------------
-
-SUMMARY_VERSION = 1
 NO_RESULT = "no result: cells/{cell}/result.json is missing (the training task never finished)"
 
 
@@ -64,15 +38,14 @@ def read_cells(config: BenchmarkConfig, paths: RunPaths) -> dict[tuple[Backend, 
     """Every configured (backend, workers, repeat) -> its CellResult, or why there is none."""
     out: dict[tuple[Backend, int, int], CellResult | str] = {}
     for backend, workers, repeat in config.cells():
-        cell_dir = paths.cell(backend, workers, repeat)
-        result_file = cell_dir / "result.json"
-        if not result_file.exists():
-            out[(backend, workers, repeat)] = NO_RESULT.format(cell=cell_dir.name)
+        cell = paths.cell(backend, workers, repeat)
+        if not cell.result.exists():
+            out[(backend, workers, repeat)] = NO_RESULT.format(cell=cell.name)
             continue
         try:
-            out[(backend, workers, repeat)] = CellResult.read(result_file)
+            out[(backend, workers, repeat)] = CellResult.read(cell.result)
         except (ValueError, OSError) as err:  # half-written or hand-edited file
-            out[(backend, workers, repeat)] = f"unreadable result {result_file}: {err}"
+            out[(backend, workers, repeat)] = f"unreadable result {cell.result}: {err}"
     return out
 
 
@@ -85,162 +58,148 @@ def time_to_target(result: CellResult, target: float) -> tuple[int | None, float
     return None, None
 
 
-def _stats(values: list[float]) -> dict[str, float | None]:
+def _stats(values: list[float]) -> Stats:
     if not values:
-        return {"median": None, "min": None, "max": None}
-    return {"median": float(statistics.median(values)), "min": float(min(values)),
-            "max": float(max(values))}
+        return Stats()
+    return Stats(median=float(statistics.median(values)), min=float(min(values)), max=float(max(values)))
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:
     return None if num is None or not den else num / den
 
 
-def cell_row(name: str, result: CellResult, target: float) -> dict[str, Any]:
+def cell_row(name: str, result: CellResult, target: float) -> CellRow:
     tta_epoch, tta_seconds = time_to_target(result, target)
-    return {
-        "cell": name, "backend": result.backend.value, "workers": result.world_size,
-        "repeat": result.repeat, "status": result.status, "error": result.error,
-        "device": result.device, "host": result.host, "model_source": result.model_source,
-        "total_seconds": result.total_seconds, "training_seconds": result.training_seconds,
-        "startup_seconds": result.startup_seconds, "evaluation_seconds": result.evaluation_seconds,
-        "samples_per_second": result.samples_per_second, "peak_memory_mb": result.peak_memory_mb,
-        "test_accuracy": result.test.accuracy if result.test else None,
-        "test_f1": result.test.f1 if result.test else None,
-        "epochs_run": len(result.epochs),
-        "time_to_target_epoch": tta_epoch, "time_to_target_seconds": tta_seconds,
-    }
+    return CellRow(
+        cell=name, backend=result.backend, workers=result.world_size, repeat=result.repeat,
+        status=result.status, error=result.error, device=result.device, host=result.host,
+        model_source=result.model_source, total_seconds=result.total_seconds,
+        training_seconds=result.training_seconds, startup_seconds=result.startup_seconds,
+        evaluation_seconds=result.evaluation_seconds, checkpoint_seconds=result.checkpoint_seconds,
+        samples_per_second=result.samples_per_second, peak_memory_mb=result.peak_memory_mb,
+        test_accuracy=result.test.accuracy if result.test else None,
+        test_f1=result.test.f1 if result.test else None, epochs_run=len(result.epochs),
+        time_to_target_epoch=tta_epoch, time_to_target_seconds=tta_seconds,
+    )
 
 
-def _aggregate(config: BenchmarkConfig, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _aggregate(config: BenchmarkConfig, rows: list[CellRow]) -> list[Aggregate]:
     """One row per (backend, workers): statistics over the repeats that finished."""
     aggregates = []
     for backend in config.backends:
         for workers in config.worker_counts:
-            mine = [r for r in rows if r["backend"] == backend.value and r["workers"] == workers]
-            ok = [r for r in mine if r["status"] == "ok" and "total_seconds" in r]
+            mine = [r for r in rows if r.backend == backend and r.workers == workers]
+            ok = [r for r in mine if r.status == "ok" and r.total_seconds is not None]
 
             def col(key: str) -> list[float]:
-                return [r[key] for r in ok if r[key] is not None]
+                return [getattr(r, key) for r in ok if getattr(r, key) is not None]
 
             tta = col("time_to_target_seconds")
-            agg: dict[str, Any] = {
-                "key": f"{backend.value}-w{workers}", "backend": backend.value, "workers": workers,
-                "repeats": config.repeats, "repeats_ok": len(ok), "repeats_failed": len(mine) - len(ok),
-                "total_seconds": _stats(col("total_seconds")),
-                "training_seconds": _stats(col("training_seconds")),
-                "startup_seconds": _stats(col("startup_seconds")),
-                "samples_per_second": _stats(col("samples_per_second")),
-                "test_accuracy": _stats(col("test_accuracy")),
-                "test_f1": _stats(col("test_f1")),
-                "peak_memory_mb_max": max(col("peak_memory_mb"), default=None),
+            total = _stats(col("total_seconds"))
+            worker_hours = None if total.median is None else workers * total.median / 3600.0
+            aggregates.append(Aggregate(
+                key=f"{backend}-w{workers}", backend=backend, workers=workers,
+                repeats=config.repeats, repeats_ok=len(ok), repeats_failed=len(mine) - len(ok),
+                total_seconds=total, training_seconds=_stats(col("training_seconds")),
+                startup_seconds=_stats(col("startup_seconds")),
+                samples_per_second=_stats(col("samples_per_second")),
+                test_accuracy=_stats(col("test_accuracy")), test_f1=_stats(col("test_f1")),
+                peak_memory_mb_max=max(col("peak_memory_mb"), default=None),
                 # median over the repeats that reached the target; how many did is stated beside
-                "time_to_target_seconds": _stats(tta)["median"],
-                "reached_target": len(tta),
-            }
-            total = agg["total_seconds"]["median"]
-            agg["worker_hours"] = None if total is None else workers * total / 3600.0
-            agg["estimated_cost"] = (None if total is None
-                                     else agg["worker_hours"] * config.price_per_worker_hour)
-            aggregates.append(agg)
-    _derive(aggregates)
-    return aggregates
+                time_to_target_seconds=_stats(tta).median, reached_target=len(tta),
+                worker_hours=worker_hours,
+                estimated_cost=None if worker_hours is None else worker_hours * config.price_per_worker_hour,
+            ))
+    return _derive(aggregates)
 
 
-def _derive(aggregates: list[dict[str, Any]]) -> None:
+def _derive(aggregates: list[Aggregate]) -> list[Aggregate]:
     """Scaling efficiency t(1)/(N*t(N)) on training time (fixed global work), and overhead
     versus plain DDP at the same worker count: (t_backend - t_ddp) / t_ddp."""
-    by_key = {(a["backend"], a["workers"]): a for a in aggregates}
+    by_key = {(a.backend, a.workers): a for a in aggregates}
+    out = []
     for agg in aggregates:
-        t_n = agg["training_seconds"]["median"]
-        one = by_key.get((agg["backend"], 1))
-        t_1 = one["training_seconds"]["median"] if one else None
-        agg["speedup"] = _ratio(t_1, t_n)
-        agg["scaling_efficiency"] = (None if t_1 is None or not t_n
-                                     else t_1 / (agg["workers"] * t_n))
-        ddp = by_key.get((Backend.DDP.value, agg["workers"]))
+        t_n = agg.training_seconds.median
+        one = by_key.get((agg.backend, 1))
+        t_1 = one.training_seconds.median if one else None
+        ddp = by_key.get((Backend.DDP, agg.workers))
+        overhead = {}
         for what in ("total", "training"):
-            mine = agg[f"{what}_seconds"]["median"]
-            base = ddp[f"{what}_seconds"]["median"] if ddp else None
-            agg[f"overhead_vs_ddp_{what}"] = (None if mine is None or not base
-                                              else (mine - base) / base)
+            mine = getattr(agg, f"{what}_seconds").median
+            base = getattr(ddp, f"{what}_seconds").median if ddp else None
+            overhead[f"overhead_vs_ddp_{what}"] = None if mine is None or not base else (mine - base) / base
+        out.append(agg.model_copy(update={
+            "speedup": _ratio(t_1, t_n),
+            "scaling_efficiency": None if t_1 is None or not t_n else t_1 / (agg.workers * t_n),
+            **overhead,
+        }))
+    return out
 
 
-def _manifest(paths: RunPaths) -> dict[str, Any] | None:
+def _manifest(paths: RunPaths) -> dict | None:
     try:
         return json.loads(paths.manifest.read_text())
     except (OSError, ValueError):
         return None
 
 
-def evaluate_run(config: BenchmarkConfig, paths: RunPaths) -> dict[str, Any]:
+def evaluate_run(config: BenchmarkConfig, paths: RunPaths) -> RunSummary:
     """Read all cells, compute time-to-target and aggregates; write report/summary.json.
 
     Missing or unreadable result files count as failed cells (with the reason), so the
-    report still comes out when some training tasks died. Returns the summary (JSON-ready).
+    report still comes out when some training tasks died.
     """
     cells = read_cells(config, paths)
     rows, failed = [], []
     for (backend, workers, repeat), result in cells.items():
-        name = paths.cell(backend, workers, repeat).name
+        name = cell_name(backend, workers, repeat)
         if isinstance(result, str):
-            rows.append({"cell": name, "backend": backend.value, "workers": workers,
-                         "repeat": repeat, "status": "failed", "error": result})
-            failed.append({"cell": name, "error": result})
+            rows.append(CellRow(cell=name, backend=backend, workers=workers, repeat=repeat,
+                                status="failed", error=result))
+            failed.append(FailedCell(cell=name, error=result))
             continue
         rows.append(cell_row(name, result, config.target_accuracy))
         if result.status != "ok":
-            failed.append({"cell": name, "error": result.error or "failed (no error recorded)"})
+            failed.append(FailedCell(cell=name, error=result.error or "failed (no error recorded)"))
     ok_results = [r for r in cells.values() if isinstance(r, CellResult) and r.status == "ok"]
-    aggregates = _aggregate(config, rows)
-    summary = {
-        "version": SUMMARY_VERSION,
-        "run": paths.root.name,
-        "profile": config.profile,
-        "status": "success" if not failed else "failed",
-        "target_accuracy": config.target_accuracy,
-        "price_per_worker_hour": config.price_per_worker_hour,
-        "dataset": _manifest(paths),
-        "model_sources": sorted({r.model_source for r in ok_results if r.model_source}),
-        "hardware": {
-            "devices": sorted({r.device for r in ok_results}),
-            "hosts": sorted({r.host for r in ok_results if r.host}),
-            "cpu_count": os.cpu_count(),
+    summary = RunSummary(
+        run=paths.root.name, profile=config.profile, status="success" if not failed else "failed",
+        target_accuracy=config.target_accuracy, price_per_worker_hour=config.price_per_worker_hour,
+        dataset=_manifest(paths),
+        model_sources=sorted({r.model_source for r in ok_results if r.model_source}),
+        hardware=Hardware(
+            devices=sorted({r.device for r in ok_results}),
+            hosts=sorted({r.host for r in ok_results if r.host}),
+            cpu_count=os.cpu_count(),
             # library versions over all cells (each backend adds its own library)
-            "versions": {k: ", ".join(sorted({r.versions[k] for r in ok_results if k in r.versions}))
-                         for k in sorted({k for r in ok_results for k in r.versions})},
-        },
-        "cells": rows,
-        "aggregates": aggregates,
-        "failed": failed,
-        "estimated_cost_total": sum(
-            r.world_size * r.total_seconds / 3600.0 * config.price_per_worker_hour for r in ok_results
+            versions={k: ", ".join(sorted({r.versions[k] for r in ok_results if k in r.versions}))
+                      for k in sorted({k for r in ok_results for k in r.versions})},
         ),
-    }
-    paths.report.mkdir(parents=True, exist_ok=True)
-    tmp = paths.report / "summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2, allow_nan=False))
-    tmp.replace(paths.report / "summary.json")
-    log.info("summary: %d cells, %d failed -> %s", len(rows), len(failed), paths.report / "summary.json")
+        cells=rows, aggregates=_aggregate(config, rows), failed=failed,
+        estimated_cost_total=sum(r.world_size * r.total_seconds / 3600.0 * config.price_per_worker_hour
+                                 for r in ok_results),
+    )
+    summary.write(paths)
+    log.info("summary: %d cells, %d failed -> %s", len(rows), len(failed), paths.summary)
     return summary
 
 
-def summary_metrics(summary: dict[str, Any]) -> dict[str, float]:
-    """Flat parent-run metrics from summary.json: ``<backend>-w<N>/<name>``."""
+def summary_metrics(summary: RunSummary) -> dict[str, float]:
+    """Flat parent-run metrics from the summary: ``<backend>-w<N>/<name>``."""
     out: dict[str, float] = {}
-    for agg in summary.get("aggregates", []):
+    for agg in summary.aggregates:
         values = {
-            "total_seconds_median": agg["total_seconds"]["median"],
-            "training_seconds_median": agg["training_seconds"]["median"],
-            "samples_per_second_median": agg["samples_per_second"]["median"],
-            "test_accuracy_median": agg["test_accuracy"]["median"],
-            "test_f1_median": agg["test_f1"]["median"],
-            "time_to_target_seconds": agg["time_to_target_seconds"],
-            "scaling_efficiency": agg["scaling_efficiency"],
-            "overhead_vs_ddp_total": agg["overhead_vs_ddp_total"],
-            "estimated_cost": agg["estimated_cost"],
+            "total_seconds_median": agg.total_seconds.median,
+            "training_seconds_median": agg.training_seconds.median,
+            "samples_per_second_median": agg.samples_per_second.median,
+            "test_accuracy_median": agg.test_accuracy.median,
+            "test_f1_median": agg.test_f1.median,
+            "time_to_target_seconds": agg.time_to_target_seconds,
+            "scaling_efficiency": agg.scaling_efficiency,
+            "overhead_vs_ddp_total": agg.overhead_vs_ddp_total,
+            "estimated_cost": agg.estimated_cost,
         }
-        out.update({f"{agg['key']}/{k}": float(v) for k, v in values.items() if v is not None})
-    out["cells_failed"] = float(len(summary.get("failed", [])))
-    out["estimated_cost_total"] = float(summary.get("estimated_cost_total", 0.0))
+        out.update({f"{agg.key}/{k}": float(v) for k, v in values.items() if v is not None})
+    out["cells_failed"] = float(len(summary.failed))
+    out["estimated_cost_total"] = float(summary.estimated_cost_total)
     return out

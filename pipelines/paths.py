@@ -1,13 +1,17 @@
 """The run folder: every stage reads from and writes into ``<output_root>/<run_id>/``.
 
-A retry, a resume or a re-report needs nothing but this folder:
+A retry, a resume or a re-report needs nothing but this folder. ``RunPaths`` (the run) and
+``CellPaths`` (one training cell) own every file name in it; no other module spells one.
 
     config.json                                   resolved BenchmarkConfig
+    mlflow.json                                   MLflow parent run id per tracking URI
     snapshot/{train,test}.parquet, manifest.json  ingest
-    validation/*.json, validation/data_docs/      Great Expectations results (kept either way)
+    validation/<stage>_<split>.json, <stage>_summary.json, data_docs/   Great Expectations
     tokens/{train,test}/part-*.parquet            Spark tokenization
-    cells/<backend>-w<N>-r<repeat>/               one training cell: checkpoints/, result.json
-    report/                                       report.html, report.md, *.png, summary.json
+    cells/<backend>-w<N>-r<repeat>/               one training cell (see CellPaths)
+    report/summary.json, report.{html,md}, *.png, regression.json       evaluation + report
+
+``PROJECT_ROOT`` is the checkout this package lives in (the one definition of it).
 """
 
 from __future__ import annotations
@@ -16,23 +20,99 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
 
 def safe_run_id(raw: str) -> str:
     """Airflow run ids contain ':' and '+'; keep folder names portable."""
     return re.sub(r"[^A-Za-z0-9._-]+", "_", raw).strip("_") or "run"
 
 
+def cell_name(backend: str, workers: int, repeat: int) -> str:
+    """``ddp-w2-r0``: the folder name, MLflow run name and report key of one cell."""
+    return f"{backend}-w{workers}-r{repeat}"
+
+
+@dataclass(frozen=True)
+class CellPaths:
+    """One training cell's folder ``cells/<backend>-w<N>-r<repeat>/``."""
+
+    root: Path
+
+    @property
+    def name(self) -> str:
+        return self.root.name
+
+    @property
+    def spec(self) -> Path:  # the driver -> worker contract (pipelines.cell.CellSpec)
+        return self.root / "cell.json"
+
+    @property
+    def worker_result(self) -> Path:  # written by rank 0, read back by the adapter
+        return self.root / "worker_result.json"
+
+    @property
+    def result(self) -> Path:  # the cell's final record (pipelines.results.CellResult)
+        return self.root / "result.json"
+
+    @property
+    def log(self) -> Path:
+        return self.root / "train.log"
+
+    def node_log(self, node_rank: int) -> Path:  # multi-node ddp: nodes > 0 log here
+        return self.root / f"train-node{node_rank}.log"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def model(self) -> Path:  # the trained model in Hugging Face format
+        return self.root / "model"
+
+    @property
+    def mlflow_run(self) -> Path:
+        return self.root / "mlflow_run.json"
+
+    @property
+    def determined(self) -> Path:  # Determined's own storage (XDG_DATA_HOME) and marker
+        return self.root / "determined"
+
+    @property
+    def determined_marker(self) -> Path:
+        return self.determined / "latest.json"
+
+    @property
+    def determined_experiment(self) -> Path:  # the experiment config the adapter hands the trial
+        return self.determined / "experiment.json"
+
+    @property
+    def determined_workdir(self) -> Path:  # Determined copies the cwd into every checkpoint
+        return self.determined / "code"
+
+
 @dataclass(frozen=True)
 class RunPaths:
     root: Path
+
+    @classmethod
+    def is_run_folder(cls, folder: Path) -> bool:
+        return cls(Path(folder)).config.is_file()
 
     @property
     def config(self) -> Path:
         return self.root / "config.json"
 
     @property
+    def mlflow_parent(self) -> Path:
+        return self.root / "mlflow.json"
+
+    @property
     def snapshot(self) -> Path:
         return self.root / "snapshot"
+
+    def snapshot_split(self, split: str) -> Path:
+        return self.snapshot / f"{split}.parquet"
 
     @property
     def manifest(self) -> Path:
@@ -41,6 +121,12 @@ class RunPaths:
     @property
     def validation(self) -> Path:
         return self.root / "validation"
+
+    def validation_result(self, stage: str, split: str) -> Path:
+        return self.validation / f"{stage}_{split}.json"
+
+    def validation_summary(self, stage: str) -> Path:
+        return self.validation / f"{stage}_summary.json"
 
     @property
     def data_docs(self) -> Path:
@@ -57,9 +143,32 @@ class RunPaths:
     def cells(self) -> Path:
         return self.root / "cells"
 
-    def cell(self, backend: str, workers: int, repeat: int) -> Path:
-        return self.cells / f"{getattr(backend, 'value', backend)}-w{workers}-r{repeat}"
+    def cell(self, backend: str, workers: int, repeat: int) -> CellPaths:
+        return CellPaths(self.cells / cell_name(backend, workers, repeat))
+
+    def cell_results(self) -> list[Path]:
+        """Every cell's result.json present on disk (whatever the config says)."""
+        return sorted(self.cells.glob(f"*/{CellPaths(Path()).result.name}"))
 
     @property
     def report(self) -> Path:
         return self.root / "report"
+
+    @property
+    def summary(self) -> Path:
+        return self.report / "summary.json"
+
+    @property
+    def report_markdown(self) -> Path:
+        return self.report / "report.md"
+
+    @property
+    def report_html(self) -> Path:
+        return self.report / "report.html"
+
+    def plot(self, name: str) -> Path:
+        return self.report / f"{name}.png"
+
+    @property
+    def regression(self) -> Path:
+        return self.report / "regression.json"

@@ -21,13 +21,14 @@ tag (passed | failed | baseline). Run after the track stage:
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
 from pipelines.config import BenchmarkConfig
-from pipelines.paths import RunPaths
 from pipelines.evaluation import summary_metrics
+from pipelines.fileio import atomic_write_json
+from pipelines.paths import RunPaths
+from pipelines.summary import RunSummary, read_summary
 from pipelines.tracking import (TAG_REGRESSION, TAG_ROLE, TAG_RUN_DIR, TAG_STATUS, client_for,
                                 parent_run_id)
 
@@ -69,12 +70,12 @@ def find_baseline(client, config: BenchmarkConfig, paths: RunPaths):
     return None
 
 
-def compare(config: BenchmarkConfig, summary: dict[str, Any], baseline_metrics: dict[str, float]):
+def compare(config: BenchmarkConfig, summary: RunSummary, baseline_metrics: dict[str, float]):
     """Per (backend, workers): old/new median total time and test accuracy, and what fails."""
     new = summary_metrics(summary)
     cells, regressions = [], []
-    for agg in summary["aggregates"]:
-        key = agg["key"]
+    for agg in summary.aggregates:
+        key = agg.key
         old_t, new_t = baseline_metrics.get(f"{key}/{TIME_KEY}"), new.get(f"{key}/{TIME_KEY}")
         old_a, new_a = baseline_metrics.get(f"{key}/{ACCURACY_KEY}"), new.get(f"{key}/{ACCURACY_KEY}")
         row: dict[str, Any] = {"cell": key, "old_total_seconds": old_t, "new_total_seconds": new_t,
@@ -102,17 +103,14 @@ def compare(config: BenchmarkConfig, summary: dict[str, Any], baseline_metrics: 
 
 def check_regression(config: BenchmarkConfig, paths: RunPaths) -> dict[str, Any]:
     """Compare with the baseline; raise RegressionError on a slowdown or accuracy drop."""
-    from pipelines.evaluation import evaluate_run
-
-    summary_file = paths.report / "summary.json"
-    summary = json.loads(summary_file.read_text()) if summary_file.exists() else evaluate_run(config, paths)
+    summary = read_summary(paths)
     client = client_for(config)
     baseline = find_baseline(client, config, paths)
     out: dict[str, Any] = {"profile": config.profile, "tracking_uri": config.resolved_tracking_uri(),
                            "thresholds": {"time": config.regression_time_threshold,
                                           "accuracy_drop": config.regression_accuracy_drop}}
     if baseline is None:
-        verdict = ("this run sets the baseline" if summary.get("status") == "success"
+        verdict = ("this run sets the baseline" if summary.status == "success"
                    else "this run has failed cells, so it does not set the baseline")
         out.update(status="baseline", baseline_run_id=None, cells=[], regressions=[],
                    message=f"no earlier successful run of profile {config.profile!r} in "
@@ -125,15 +123,14 @@ def check_regression(config: BenchmarkConfig, paths: RunPaths) -> dict[str, Any]
                    baseline_run_name=name, cells=cells, regressions=regressions,
                    message=(f"regression against {against}: " + "; ".join(regressions)) if regressions
                    else f"no regression against {against}")
-    paths.report.mkdir(parents=True, exist_ok=True)
-    (paths.report / "regression.json").write_text(json.dumps(out, indent=2))
+    atomic_write_json(paths.regression, out)
     own = parent_run_id(config, paths)
     if own:
         client.set_tag(own, TAG_REGRESSION, out["status"])
     log.info(out["message"])
     if out["status"] == "failed":
         raise RegressionError(out["message"])
-    if summary.get("failed"):  # the report is out; now make the nightly run itself go red
+    if summary.failed:  # the report is out; now make the nightly run itself go red
         raise FailedCellsError("training cells failed: " + "; ".join(
-            f"{f['cell']}: {f['error'][:300]}" for f in summary["failed"]))
+            f"{f.cell}: {f.error[:300]}" for f in summary.failed))
     return out

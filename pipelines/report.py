@@ -1,7 +1,7 @@
 """The comparison report: ``report/report.md``, ``report/report.html`` and PNG plots.
 
-Reads ``report/summary.json`` (runs ``evaluate_run`` first if it is missing) and the cells'
-result.json files (for the per-epoch curves). Writes, all under ``report/``:
+Reads ``report/summary.json`` (``evaluate`` writes it; missing -> ``SummaryMissing``) and the
+cells' result.json files (for the per-epoch curves). Writes, all under ``report/``:
 
     report.md            comparison table, dataset, model source, hardware, failed cells
     report.html          the same on one self-contained page (plots embedded as data URIs)
@@ -21,10 +21,12 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from pipelines.config import BenchmarkConfig
-from pipelines.evaluation import evaluate_run, read_cells
+from pipelines.config import Backend, BenchmarkConfig
+from pipelines.evaluation import read_cells
+from pipelines.fileio import atomic_write_text
 from pipelines.paths import RunPaths
 from pipelines.results import CellResult
+from pipelines.summary import Aggregate, RunSummary, read_summary
 
 log = logging.getLogger(__name__)
 
@@ -47,18 +49,18 @@ def _fmt(value: Any, kind: str = "num") -> str:
     return f"{value:.2f}"
 
 
-def table_rows(summary: dict[str, Any]) -> list[list[str]]:
+def table_rows(summary: RunSummary) -> list[list[str]]:
     rows = []
-    for a in summary["aggregates"]:
-        tta = a["time_to_target_seconds"]
-        tta_text = "not reached" if tta is None else f"{tta:.2f} ({a['reached_target']}/{a['repeats_ok']})"
+    for a in summary.aggregates:
+        tta = a.time_to_target_seconds
+        tta_text = "not reached" if tta is None else f"{tta:.2f} ({a.reached_target}/{a.repeats_ok})"
         rows.append([
-            a["backend"], str(a["workers"]), f"{a['repeats_ok']}/{a['repeats']}",
-            _fmt(a["total_seconds"]["median"]), _fmt(a["training_seconds"]["median"]),
-            _fmt(a["samples_per_second"]["median"]), _fmt(a["test_accuracy"]["median"], "acc"),
-            _fmt(a["test_f1"]["median"], "acc"), tta_text, _fmt(a["scaling_efficiency"], "ratio"),
-            _fmt(a["overhead_vs_ddp_total"], "pct"), _fmt(a["overhead_vs_ddp_training"], "pct"),
-            _fmt(a["estimated_cost"], "cost"),
+            a.backend, str(a.workers), f"{a.repeats_ok}/{a.repeats}",
+            _fmt(a.total_seconds.median), _fmt(a.training_seconds.median),
+            _fmt(a.samples_per_second.median), _fmt(a.test_accuracy.median, "acc"),
+            _fmt(a.test_f1.median, "acc"), tta_text, _fmt(a.scaling_efficiency, "ratio"),
+            _fmt(a.overhead_vs_ddp_total, "pct"), _fmt(a.overhead_vs_ddp_training, "pct"),
+            _fmt(a.estimated_cost, "cost"),
         ])
     return rows
 
@@ -87,40 +89,40 @@ def _save(plt, fig, path: Path) -> Path:
     return path
 
 
-def _by_backend(summary: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
-    out: dict[str, list[dict[str, Any]]] = {}
-    for a in summary["aggregates"]:
-        out.setdefault(a["backend"], []).append(a)
+def _by_backend(summary: RunSummary) -> dict[str, list[Aggregate]]:
+    out: dict[str, list[Aggregate]] = {}
+    for a in summary.aggregates:
+        out.setdefault(a.backend, []).append(a)
     return out
 
 
-def plot_time_vs_workers(summary: dict[str, Any], path: Path) -> Path:
+def plot_time_vs_workers(summary: RunSummary, path: Path) -> Path:
     plt, fig, ax = _figure()
     for backend, aggs in _by_backend(summary).items():
         for what, style in (("total_seconds", "-o"), ("training_seconds", "--s")):
-            pts = [a for a in aggs if a[what]["median"] is not None]
+            pts = [a for a in aggs if getattr(a, what).median is not None]
             if not pts:
                 continue
-            med = [a[what]["median"] for a in pts]
-            err = [[m - a[what]["min"] for m, a in zip(med, pts)],
-                   [a[what]["max"] - m for m, a in zip(med, pts)]]
-            ax.errorbar([a["workers"] for a in pts], med, yerr=err, fmt=style, capsize=3,
+            med = [getattr(a, what).median for a in pts]
+            err = [[m - getattr(a, what).min for m, a in zip(med, pts)],
+                   [getattr(a, what).max - m for m, a in zip(med, pts)]]
+            ax.errorbar([a.workers for a in pts], med, yerr=err, fmt=style, capsize=3,
                         label=f"{backend} ({what.split('_')[0]})")
     ax.set(xlabel="workers", ylabel="seconds (median, min-max)", title="Wall time vs workers")
-    ax.set_xticks(sorted({a["workers"] for a in summary["aggregates"]}))
+    ax.set_xticks(sorted({a.workers for a in summary.aggregates}))
     _legend_or_note(ax)
     return _save(plt, fig, path)
 
 
-def plot_scaling_efficiency(summary: dict[str, Any], path: Path) -> Path:
+def plot_scaling_efficiency(summary: RunSummary, path: Path) -> Path:
     plt, fig, ax = _figure()
     for backend, aggs in _by_backend(summary).items():
-        pts = [a for a in aggs if a["scaling_efficiency"] is not None]
+        pts = [a for a in aggs if a.scaling_efficiency is not None]
         if pts:
-            ax.plot([a["workers"] for a in pts], [a["scaling_efficiency"] for a in pts], "-o", label=backend)
+            ax.plot([a.workers for a in pts], [a.scaling_efficiency for a in pts], "-o", label=backend)
     ax.axhline(1.0, color="grey", linestyle=":", label="ideal")
     ax.set(xlabel="workers", ylabel="t(1) / (N * t(N)), training time", title="Scaling efficiency")
-    ax.set_xticks(sorted({a["workers"] for a in summary["aggregates"]}))
+    ax.set_xticks(sorted({a.workers for a in summary.aggregates}))
     _legend_or_note(ax)
     return _save(plt, fig, path)
 
@@ -146,14 +148,14 @@ def plot_accuracy_curves(results: list[CellResult], target: float, path: Path) -
     return _save(plt, fig, path)
 
 
-def plot_overhead(summary: dict[str, Any], path: Path) -> Path:
+def plot_overhead(summary: RunSummary, path: Path) -> Path:
     plt, fig, ax = _figure()
-    others = [b for b in _by_backend(summary) if b != "ddp"]
-    workers = sorted({a["workers"] for a in summary["aggregates"]})
+    others = [b for b in _by_backend(summary) if b != Backend.DDP]
+    workers = sorted({a.workers for a in summary.aggregates})
     width = 0.8 / max(len(others), 1)
     for i, backend in enumerate(others):
-        vals = {a["workers"]: a["overhead_vs_ddp_total"]
-                for a in summary["aggregates"] if a["backend"] == backend}
+        vals = {a.workers: a.overhead_vs_ddp_total
+                for a in summary.aggregates if a.backend == backend}
         xs = [w for w in workers if vals.get(w) is not None]
         ax.bar([w + (i - (len(others) - 1) / 2) * width for w in xs], [vals[w] * 100 for w in xs],
                width=width, label=backend)
@@ -173,8 +175,8 @@ def _legend_or_note(ax) -> None:
 
 # --- text --------------------------------------------------------------------------------
 
-def _dataset_lines(summary: dict[str, Any], config: BenchmarkConfig) -> list[str]:
-    manifest = summary.get("dataset")
+def _dataset_lines(summary: RunSummary, config: BenchmarkConfig) -> list[str]:
+    manifest = summary.dataset
     if not manifest:
         return [f"- Source: `{config.dataset_source}` (no snapshot/manifest.json found)"]
     lines = [f"- Source: `{manifest.get('source', config.dataset_source)}`"
@@ -188,8 +190,8 @@ def _dataset_lines(summary: dict[str, Any], config: BenchmarkConfig) -> list[str
     return lines
 
 
-def _model_lines(summary: dict[str, Any], config: BenchmarkConfig) -> list[str]:
-    sources = summary.get("model_sources") or []
+def _model_lines(summary: RunSummary, config: BenchmarkConfig) -> list[str]:
+    sources = summary.model_sources
     weights = ", ".join(sources) or "unknown (no finished cell)"
     lines = [f"- Model: `{config.model_source}`; weights: {weights}"]
     if "random_init" in sources:
@@ -199,23 +201,23 @@ def _model_lines(summary: dict[str, Any], config: BenchmarkConfig) -> list[str]:
     return lines
 
 
-def _hardware_lines(summary: dict[str, Any]) -> list[str]:
-    hw = summary.get("hardware", {})
-    versions = ", ".join(f"{k} {v}" for k, v in sorted(hw.get("versions", {}).items())) or "unknown"
-    return [f"- Device(s): {', '.join(hw.get('devices', [])) or 'unknown'}",
-            f"- Host(s): {', '.join(hw.get('hosts', [])) or 'unknown'}; "
-            f"CPU count (evaluating host): {hw.get('cpu_count')}",
+def _hardware_lines(summary: RunSummary) -> list[str]:
+    hw = summary.hardware
+    versions = ", ".join(f"{k} {v}" for k, v in sorted(hw.versions.items())) or "unknown"
+    return [f"- Device(s): {', '.join(hw.devices) or 'unknown'}",
+            f"- Host(s): {', '.join(hw.hosts) or 'unknown'}; "
+            f"CPU count (evaluating host): {hw.cpu_count}",
             f"- Versions: {versions}"]
 
 
-def render_markdown(config: BenchmarkConfig, summary: dict[str, Any], plots: list[Path]) -> str:
-    failed = summary.get("failed", [])
+def render_markdown(config: BenchmarkConfig, summary: RunSummary, plots: list[Path]) -> str:
+    failed = summary.failed
     parts = [
-        f"# Distributed training benchmark: {summary['run']}",
+        f"# Distributed training benchmark: {summary.run}",
         f"Profile `{config.profile}`, {config.epochs} epochs, batch {config.batch_size} per worker, "
         f"sequence length {config.max_seq_len}, {config.repeats} repeat(s), target accuracy "
         f"{config.target_accuracy}, price {config.price_per_worker_hour} per worker-hour. "
-        f"Status: **{summary['status']}**.",
+        f"Status: **{summary.status}**.",
         "## Comparison", _md_table(TABLE_COLUMNS, table_rows(summary)),
         "Times are medians over repeats. Scaling efficiency is t(1)/(N*t(N)) on training time "
         "(fixed global work). Overhead is relative to plain DDP at the same worker count. "
@@ -225,7 +227,7 @@ def render_markdown(config: BenchmarkConfig, summary: dict[str, Any], plots: lis
         "## Model", "\n".join(_model_lines(summary, config)),
         "## Hardware", "\n".join(_hardware_lines(summary)),
         "## Failed cells",
-        "\n".join(f"- `{f['cell']}`: {f['error']}" for f in failed) if failed else "None.",
+        "\n".join(f"- `{f.cell}`: {f.error}" for f in failed) if failed else "None.",
         "## Plots", "\n\n".join(f"![{p.stem}]({p.name})" for p in plots),
     ]
     return "\n\n".join(parts) + "\n"
@@ -247,20 +249,18 @@ def render_html(markdown_text: str, report_dir: Path) -> str:
 
 def build_report(config: BenchmarkConfig, paths: RunPaths) -> dict[str, Any]:
     """Write report.md, report.html and the plots; returns the written paths."""
-    summary_file = paths.report / "summary.json"
-    summary = json.loads(summary_file.read_text()) if summary_file.exists() else evaluate_run(config, paths)
+    summary = read_summary(paths)
     results = [r for r in read_cells(config, paths).values() if isinstance(r, CellResult)]
-    report = paths.report
-    report.mkdir(parents=True, exist_ok=True)
+    paths.report.mkdir(parents=True, exist_ok=True)
     plots = [
-        plot_time_vs_workers(summary, report / "time_vs_workers.png"),
-        plot_scaling_efficiency(summary, report / "scaling_efficiency.png"),
-        plot_accuracy_curves(results, config.target_accuracy, report / "accuracy_curves.png"),
-        plot_overhead(summary, report / "overhead_vs_ddp.png"),
+        plot_time_vs_workers(summary, paths.plot("time_vs_workers")),
+        plot_scaling_efficiency(summary, paths.plot("scaling_efficiency")),
+        plot_accuracy_curves(results, config.target_accuracy, paths.plot("accuracy_curves")),
+        plot_overhead(summary, paths.plot("overhead_vs_ddp")),
     ]
     md = render_markdown(config, summary, plots)
-    (report / "report.md").write_text(md)
-    (report / "report.html").write_text(render_html(md, report))
-    log.info("report written to %s", report)
-    return {"markdown": str(report / "report.md"), "html": str(report / "report.html"),
-            "plots": [str(p) for p in plots], "summary": str(summary_file)}
+    atomic_write_text(paths.report_markdown, md)
+    atomic_write_text(paths.report_html, render_html(md, paths.report))
+    log.info("report written to %s", paths.report)
+    return {"markdown": str(paths.report_markdown), "html": str(paths.report_html),
+            "plots": [str(p) for p in plots], "summary": str(paths.summary)}

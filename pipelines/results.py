@@ -1,7 +1,9 @@
 """The one result record every backend writes: ``cells/<cell>/result.json``.
 
 Written locally first by the training cell; evaluation, MLflow logging and the report read
-these files, so a lost tracking server loses nothing.
+these files, so a lost tracking server loses nothing. The timing fields are filled from one
+``pipelines.training.record.TrainingRecord`` whatever the backend, so they mean the same
+thing everywhere (see that module for the definition of each phase).
 """
 
 from __future__ import annotations
@@ -12,28 +14,41 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from pipelines.config import Backend
+from pipelines.fileio import atomic_write_text
 
 
 class EpochMetrics(BaseModel):
     epoch: int  # 1-based
-    train_loss: float
+    train_loss: float  # mean over the epoch's steps of the global batch's mean loss
     train_accuracy: float
-    eval_loss: float
+    eval_loss: float  # held-out split, every row once across the ranks
     eval_accuracy: float
-    epoch_seconds: float  # wall time of this epoch (train + held-out eval)
-    elapsed_seconds: float  # training wall time from the first step to the end of this epoch
-    samples_per_second: float  # training samples/s over the whole job (all ranks)
+    train_seconds: float = 0.0  # this epoch's training phase (data + forward/backward/step)
+    eval_seconds: float = 0.0  # this epoch's held-out evaluation phase
+    checkpoint_seconds: float = 0.0  # this epoch's checkpoint phase (gather + write)
+    epoch_seconds: float  # train + eval + checkpoint of this epoch
+    elapsed_seconds: float  # wall time from the first step to the end of this epoch (all attempts)
+    samples_per_second: float  # training samples/s over training time so far (all ranks)
+
+
+class ClassMetrics(BaseModel):
+    label: int
+    precision: float
+    recall: float
+    f1: float
+    support: int  # test rows of this class
 
 
 class TestMetrics(BaseModel):
     __test__ = False  # not a pytest test class, despite the name
 
     accuracy: float
-    f1: float
-    precision: float
-    recall: float
+    f1: float  # macro average over the task's classes
+    precision: float  # macro
+    recall: float  # macro
     loss: float
-    confusion_matrix: list[list[int]]  # [[tn, fp], [fn, tp]]
+    confusion_matrix: list[list[int]]  # K x K, rows = true label, columns = predicted
+    per_class: list[ClassMetrics] = Field(default_factory=list)
 
 
 class CellResult(BaseModel):
@@ -52,14 +67,17 @@ class CellResult(BaseModel):
     train_samples: int = 0
     test_samples: int = 0
     max_seq_len: int = 0
+    num_labels: int = 2  # classes of the task (from the snapshot manifest)
     batch_size_per_worker: int = 0
     seed: int = 0
     epochs: list[EpochMetrics] = Field(default_factory=list)
     test: TestMetrics | None = None
-    # wall time split: launcher/session/init start-up, training loop, final evaluation
+    # wall time split (pipelines.training.record): launch -> first step, training phase,
+    # held-out + final test evaluation, checkpoints; total = adapter entry -> result written
     startup_seconds: float = 0.0
     training_seconds: float = 0.0
     evaluation_seconds: float = 0.0
+    checkpoint_seconds: float = 0.0
     total_seconds: float = 0.0
     samples_per_second: float = 0.0
     peak_memory_mb: float = 0.0
@@ -70,10 +88,7 @@ class CellResult(BaseModel):
     host: str | None = None
 
     def write(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(self.model_dump_json(indent=2))
-        tmp.replace(path)  # atomic: readers never see half a file
+        atomic_write_text(path, self.model_dump_json(indent=2))
 
     @classmethod
     def read(cls, path: Path) -> "CellResult":

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+from pipelines.paths import PROJECT_ROOT
+
 
 
 def spark_env() -> dict[str, str]:

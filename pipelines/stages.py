@@ -74,13 +74,13 @@ def data_stage(run_dir: str) -> dict:
     }
 
 
-def planned_cells(run_dir: str) -> list[tuple[str, int, int]]:
-    """Every (backend, workers, repeat) of the run, JSON-friendly (for Airflow mapping)."""
+def planned_cells(run_dir: str) -> list[tuple[Backend, int, int]]:
+    """Every (backend, workers, repeat) of the run (Backend is a str: JSON-friendly for Airflow)."""
     config, _ = _load(run_dir)
-    return [(b.value, n, r) for b, n, r in config.cells()]
+    return config.cells()
 
 
-def train_cell(run_dir: str, backend: str, workers: int, repeat: int = 0,
+def train_cell(run_dir: str, backend: Backend, workers: int, repeat: int = 0,
                node_rank: int | None = None) -> dict:
     """Train one (backend, workers, repeat) cell; writes cells/<cell>/result.json.
 
@@ -94,19 +94,29 @@ def train_cell(run_dir: str, backend: str, workers: int, repeat: int = 0,
     if node_rank is not None:
         config = config.model_copy(update={"ddp_node_rank": node_rank})
     if config.ddp_node_rank > 0:  # node 0 tracks the cell; other nodes only lend processes
-        result = run_cell(config, paths, Backend(backend), workers, repeat)
+        result = run_cell(config, paths, backend, workers, repeat)
     else:
-        with cell_tracking(config, paths, Backend(backend), workers, repeat):
-            result = run_cell(config, paths, Backend(backend), workers, repeat)
+        with cell_tracking(config, paths, backend, workers, repeat):
+            result = run_cell(config, paths, backend, workers, repeat)
     return {"cell": paths.cell(backend, workers, repeat).name, "status": result.status,
             "total_seconds": result.total_seconds}
 
 
 def evaluate(run_dir: str) -> dict:
-    """Read every cell's result.json: time-to-accuracy, aggregates -> report/summary.json."""
+    """Read every cell's result.json: time-to-accuracy, aggregates -> report/summary.json.
+
+    Failed cells are part of the summary; a run where no cell wrote any result is an error
+    (the data stage or every cell died before training: there is nothing to report).
+    """
     from pipelines.evaluation import evaluate_run
 
-    return evaluate_run(*_load(run_dir))
+    config, paths = _load(run_dir)
+    if not paths.cell_results():
+        raise RuntimeError(f"no training cell wrote a result under {paths.cells}: the data stage or "
+                           "every cell failed before writing one; see the training logs")
+    summary = evaluate_run(config, paths)
+    return {"summary": str(paths.summary), "status": summary.status, "cells": len(summary.cells),
+            "failed": [f.cell for f in summary.failed]}
 
 
 def report(run_dir: str) -> dict:
@@ -124,7 +134,7 @@ def track(run_dir: str, tracking_uri: str | None = None) -> dict:
 
 
 def check_regression(run_dir: str, tracking_uri: str | None = None) -> dict:
-    """Compare with the last successful run of the same profile in MLflow; raise on regression."""
+    """Compare with the baseline run in MLflow; raise on a regression or on failed cells."""
     from pipelines.regression import check_regression as _check
 
     return _check(*_load(run_dir, tracking_uri))

@@ -39,20 +39,19 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from pipelines.config import Backend, BenchmarkConfig
-from pipelines.paths import RunPaths
+from pipelines.fileio import atomic_write_json
+from pipelines.paths import PROJECT_ROOT, CellPaths, RunPaths
 from pipelines.results import CellResult
+from pipelines.summary import read_summary
 
 log = logging.getLogger(__name__)
 
 SYSTEM_METRICS_INTERVAL_S = 2  # short cells still get a few samples
-PARENT_FILE = "mlflow.json"
-CELL_FILE = "mlflow_run.json"
 TAG_ROLE = "benchmark.role"  # parent | cell
 TAG_STATUS = "benchmark.status"  # running | success | failed
 TAG_RUN_DIR = "benchmark.run_dir"
 TAG_REGRESSION = "benchmark.regression"  # set by pipelines.regression
 TAG_LOGGED = "benchmark.logged_sha256"  # hash of what was logged: re-logging is skipped
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 class TrackingUnavailable(RuntimeError):
@@ -92,10 +91,7 @@ def _read_ids(path: Path) -> dict[str, Any]:
 
 
 def _write_ids(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    tmp.replace(path)
+    atomic_write_json(path, data)
 
 
 @contextlib.contextmanager
@@ -187,14 +183,14 @@ def _params(values: dict[str, Any]) -> list:
 
 def parent_run_id(config: BenchmarkConfig, paths: RunPaths) -> str | None:
     """This run folder's parent run id in the config's store, if it was created."""
-    return _read_ids(paths.root / PARENT_FILE).get(config.resolved_tracking_uri(), {}).get("parent_run_id")
+    return _read_ids(paths.mlflow_parent).get(config.resolved_tracking_uri(), {}).get("parent_run_id")
 
 
 def ensure_parent_run(client, config: BenchmarkConfig, paths: RunPaths) -> tuple[str, str]:
     """(experiment_id, parent_run_id); creates the parent once per run folder and store."""
     uri = config.resolved_tracking_uri()
-    with _locked(paths.root / (PARENT_FILE + ".lock")):
-        ids = _read_ids(paths.root / PARENT_FILE)
+    with _locked(paths.mlflow_parent.with_name(paths.mlflow_parent.name + ".lock")):
+        ids = _read_ids(paths.mlflow_parent)
         entry = ids.get(uri, {})
         if _live_run(client, entry.get("parent_run_id")):
             return entry["experiment_id"], entry["parent_run_id"]
@@ -208,7 +204,7 @@ def ensure_parent_run(client, config: BenchmarkConfig, paths: RunPaths) -> tuple
         params = json.loads(config.model_dump_json())  # enums and lists as plain JSON
         client.log_batch(run.info.run_id, params=_params(params))
         ids[uri] = {"experiment_id": exp_id, "parent_run_id": run.info.run_id}
-        _write_ids(paths.root / PARENT_FILE, ids)
+        _write_ids(paths.mlflow_parent, ids)
         log.info("MLflow parent run %s (%s) in %s", run.info.run_id, paths.root.name, uri)
         return exp_id, run.info.run_id
 
@@ -218,13 +214,13 @@ def ensure_cell_run(client, config: BenchmarkConfig, paths: RunPaths, backend: B
     """The nested run of one cell (reused across retries and re-logging)."""
     exp_id, parent_id = ensure_parent_run(client, config, paths)
     uri = config.resolved_tracking_uri()
-    cell_dir = paths.cell(backend, workers, repeat)
-    ids = _read_ids(cell_dir / CELL_FILE)
+    cell = paths.cell(backend, workers, repeat)
+    ids = _read_ids(cell.mlflow_run)
     entry = ids.get(uri, {})
     if entry.get("parent_run_id") == parent_id and _live_run(client, entry.get("run_id")):
         return entry["run_id"]
     backend = Backend(backend)
-    run = client.create_run(exp_id, run_name=cell_dir.name, tags={
+    run = client.create_run(exp_id, run_name=cell.name, tags={
         "mlflow.parentRunId": parent_id, TAG_ROLE: "cell", "profile": config.profile,
         "backend": backend.value, "workers": str(workers), "repeat": str(repeat),
         "host": socket.gethostname(), "git_commit": _git_commit(),
@@ -239,26 +235,26 @@ def ensure_cell_run(client, config: BenchmarkConfig, paths: RunPaths, backend: B
         "model": config.model_source,
     }))
     ids[uri] = {"run_id": run.info.run_id, "parent_run_id": parent_id, "experiment_id": exp_id}
-    _write_ids(cell_dir / CELL_FILE, ids)
+    _write_ids(cell.mlflow_run, ids)
     return run.info.run_id
 
 
-def _checkpoint(result: CellResult, cell_dir: Path) -> Path | None:
+def _checkpoint(result: CellResult, cell: CellPaths) -> Path | None:
     if not result.checkpoint_path:
         return None
     path = Path(result.checkpoint_path)
-    for candidate in (path, cell_dir / path, cell_dir.parent.parent / path):
+    for candidate in (path, cell.root / path, cell.root.parent.parent / path):
         if candidate.exists():
             return candidate
-    log.warning("checkpoint %s of %s not found; model artifact skipped", path, cell_dir.name)
+    log.warning("checkpoint %s of %s not found; model artifact skipped", path, cell.name)
     return None
 
 
-def log_cell_result(client, run_id: str, cell_dir: Path) -> CellResult | None:
+def log_cell_result(client, run_id: str, cell: CellPaths) -> CellResult | None:
     """Metrics (per epoch: step = epoch), tags, result.json and the model of one cell."""
     from mlflow.entities import Metric, RunTag
 
-    result_file = cell_dir / "result.json"
+    result_file = cell.result
     if not result_file.exists():
         return None
     result = CellResult.read(result_file)
@@ -296,7 +292,7 @@ def log_cell_result(client, run_id: str, cell_dir: Path) -> CellResult | None:
     if model_dir is not None and model_dir.is_dir():  # Hugging Face format: config + weights
         client.log_artifacts(run_id, str(model_dir), artifact_path="model")
     else:  # older results: the training checkpoint is the model we have
-        checkpoint = _checkpoint(result, cell_dir)
+        checkpoint = _checkpoint(result, cell)
         if checkpoint is not None and checkpoint.is_dir():
             client.log_artifacts(run_id, str(checkpoint), artifact_path=f"model/{checkpoint.name}")
         elif checkpoint is not None:
@@ -313,7 +309,7 @@ def cell_tracking(config: BenchmarkConfig, paths: RunPaths, backend: Backend, wo
     """Wrap the training of one cell; yields the nested run id (None if tracking is off)."""
     import mlflow
 
-    cell_dir = paths.cell(backend, workers, repeat)
+    cell = paths.cell(backend, workers, repeat)
     client, run_id = None, None
     # mlflow.set_tracking_uri exports MLFLOW_TRACKING_URI to the process: put it back after,
     # so this cell's store never becomes the default of configs built later in the process.
@@ -327,7 +323,7 @@ def cell_tracking(config: BenchmarkConfig, paths: RunPaths, backend: Backend, wo
         mlflow.start_run(run_id=run_id, nested=True, log_system_metrics=True)
     except Exception as err:  # tracking is a view; never let it stop training
         log.warning("MLflow tracking is off for cell %s (%s): %s. Training goes on; "
-                    "log it later with the track stage.", cell_dir.name,
+                    "log it later with the track stage.", cell.name,
                     config.resolved_tracking_uri(), err)
         run_id = None
     status = "FAILED"
@@ -336,22 +332,22 @@ def cell_tracking(config: BenchmarkConfig, paths: RunPaths, backend: Backend, wo
         status = "FINISHED"
     finally:
         if run_id is not None:
-            _end_cell_run(client, run_id, cell_dir, status)
+            _end_cell_run(client, run_id, cell, status)
         if previous_env is None:
             os.environ.pop("MLFLOW_TRACKING_URI", None)
         else:
             os.environ["MLFLOW_TRACKING_URI"] = previous_env
 
 
-def _end_cell_run(client, run_id: str, cell_dir: Path, status: str) -> None:
+def _end_cell_run(client, run_id: str, cell: CellPaths, status: str) -> None:
     import mlflow
 
     try:
-        result = log_cell_result(client, run_id, cell_dir)
+        result = log_cell_result(client, run_id, cell)
         if result is not None and result.status != "ok":
             status = "FAILED"
     except Exception as err:
-        log.warning("could not log result of %s to MLflow: %s", cell_dir.name, err)
+        log.warning("could not log result of %s to MLflow: %s", cell.name, err)
     try:
         active = mlflow.active_run()
         if active is not None and active.info.run_id == run_id:
@@ -359,7 +355,7 @@ def _end_cell_run(client, run_id: str, cell_dir: Path, status: str) -> None:
         else:
             client.set_terminated(run_id, status)
     except Exception as err:
-        log.warning("could not end MLflow run of %s: %s", cell_dir.name, err)
+        log.warning("could not end MLflow run of %s: %s", cell.name, err)
 
 
 # --- whole-run logging ---------------------------------------------------------------------
@@ -369,25 +365,24 @@ def log_benchmark(config: BenchmarkConfig, paths: RunPaths) -> dict[str, Any]:
     store cannot be reached (retry the stage; the files are unaffected)."""
     from mlflow.entities import Metric
 
-    from pipelines.evaluation import evaluate_run, summary_metrics
+    from pipelines.evaluation import summary_metrics
 
-    summary_file = paths.report / "summary.json"
-    summary = json.loads(summary_file.read_text()) if summary_file.exists() else evaluate_run(config, paths)
+    summary = read_summary(paths)
     client = client_for(config)
     _, parent_id = ensure_parent_run(client, config, paths)
 
     cell_ids: dict[str, str] = {}
     for backend, workers, repeat in config.cells():
-        cell_dir = paths.cell(backend, workers, repeat)
+        cell = paths.cell(backend, workers, repeat)
         run_id = ensure_cell_run(client, config, paths, backend, workers, repeat)
-        cell_ids[cell_dir.name] = run_id
-        result = log_cell_result(client, run_id, cell_dir)
+        cell_ids[cell.name] = run_id
+        result = log_cell_result(client, run_id, cell)
         if result is None:
             client.set_tag(run_id, "error", "no result.json: the training task never finished")
         if client.get_run(run_id).info.status == "RUNNING":  # never ended (lost process)
             client.set_terminated(run_id, "FINISHED" if result and result.status == "ok" else "FAILED")
 
-    status = "success" if summary.get("status") == "success" else "failed"
+    status = summary.status
     files = [paths.config, paths.manifest, *sorted(p for p in paths.report.rglob("*") if p.is_file())]
     sha = _sha256(*files)
     if client.get_run(parent_id).data.tags.get(TAG_LOGGED) != sha:
@@ -401,10 +396,10 @@ def log_benchmark(config: BenchmarkConfig, paths: RunPaths) -> dict[str, Any]:
         if paths.report.exists():
             client.log_artifacts(parent_id, str(paths.report), artifact_path="report")
         client.set_tag(parent_id, TAG_LOGGED, sha)
-    dataset = summary.get("dataset") or {}
+    dataset = summary.dataset or {}
     client.set_tag(parent_id, TAG_STATUS, status)
-    client.set_tag(parent_id, "model_sources", ",".join(summary.get("model_sources", [])) or "unknown")
-    devices = summary.get("hardware", {}).get("devices", [])
+    client.set_tag(parent_id, "model_sources", ",".join(summary.model_sources) or "unknown")
+    devices = summary.hardware.devices
     client.set_tag(parent_id, "devices", ",".join(devices) or "unknown")
     client.set_tag(parent_id, "dataset_source", str(dataset.get("source", config.dataset_source)))
     client.set_terminated(parent_id, "FINISHED" if status == "success" else "FAILED")

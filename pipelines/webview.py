@@ -27,9 +27,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from pipelines.paths import RunPaths
+from pipelines.paths import PROJECT_ROOT, RunPaths
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 REPORT_FILE_TYPES = {".png": "image/png", ".svg": "image/svg+xml", ".html": "text/html",
                      ".md": "text/markdown", ".json": "application/json", ".csv": "text/csv"}
 # Columns of the per-cell table built from cells/*/result.json (the shared result contract).

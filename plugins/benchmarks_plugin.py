@@ -14,18 +14,10 @@ pipelines/webview.py. Airflow loads this file from its plugins folder
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 from airflow.api_fastapi.core_api.security import requires_authenticated
 from airflow.plugins_manager import AirflowPlugin
 
-# The plugins folder is on sys.path, the project root is not always: the page logic lives there.
-_PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
-if _PROJECT_ROOT not in sys.path:
-    sys.path.insert(0, _PROJECT_ROOT)
-
-from pipelines.webview import create_app  # noqa: E402
+from pipelines.webview import create_app  # the page logic; `pipelines` is installed with Airflow
 
 URL_PREFIX = "/benchmarks"
 

@@ -27,12 +27,9 @@ export AIRFLOW__API__PORT="${AIRFLOW__API__PORT:-8080}"
 : "${AIRFLOW__CORE__EXECUTION_API_SERVER_URL:=http://$AIRFLOW__API__HOST:$AIRFLOW__API__PORT/execution/}"
 export AIRFLOW__CORE__EXECUTION_API_SERVER_URL
 
-# `airflow` on PATH; `pipelines` importable by the scheduler, the tasks and Spark's workers.
+# `airflow` on PATH; `pipelines` is installed in the venv (scripts/bootstrap.sh: pip install -e .),
+# so the scheduler, the tasks and Spark's workers import it without PYTHONPATH.
 export PATH="$_bench_root/.venv/bin:$PATH"
-case ":${PYTHONPATH:-}:" in
-  *":$_bench_root:"*) ;;
-  *) export PYTHONPATH="$_bench_root${PYTHONPATH:+:$PYTHONPATH}" ;;
-esac
 export SPARK_LOCAL_IP="${SPARK_LOCAL_IP:-127.0.0.1}"
 export PYSPARK_PYTHON="${PYSPARK_PYTHON:-$_bench_python}"
 export PYSPARK_DRIVER_PYTHON="${PYSPARK_DRIVER_PYTHON:-$_bench_python}"

@@ -17,4 +17,9 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   "$VPY" -m pip install -q -r "$ROOT/requirements.txt"
   echo "$want" > "$stamp"
 fi
+# The project itself, editable: dags/, plugins/, bench/ and every worker process import
+# `pipelines` from this checkout without sys.path or PYTHONPATH edits.
+if [ "$(cd / && "$VPY" -c 'import pipelines, pathlib; print(pathlib.Path(pipelines.__file__).resolve().parent.parent)' 2>/dev/null)" != "$ROOT" ]; then
+  "$VPY" -m pip install -q --no-deps --no-build-isolation -e "$ROOT"
+fi
 "$VPY" -c "import torch, airflow, pyspark, great_expectations, mlflow, determined, transformers; print('deps ok: torch', torch.__version__, 'airflow', airflow.__version__)"

@@ -47,6 +47,10 @@ mkdir -p "$AIRFLOW_HOME" "$BENCHMARK_OUTPUT_ROOT"
 bash "$ROOT/scripts/airflow_setup.sh" > "$ART/airflow_setup.log" 2>&1 \
   || { echo "airflow_setup.sh failed; see $ART/airflow_setup.log" >&2; tail -20 "$ART/airflow_setup.log" >&2; exit 1; }
 
+# Rank 0 stalls after its epoch-1 checkpoint so the driver's SIGKILL lands there (retry test):
+# the loop's epoch-end hook, armed with the test-only fault injection module.
+export PIPELINES_EPOCH_END_HOOK=tests.fault_injection:hold FAULT_HOLD_AFTER_EPOCH=1
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 airflow standalone > "$ART/airflow.log" 2>&1 &
 AIRFLOW_PID=$!
 
@@ -58,8 +62,6 @@ CONF=$(cat <<EOF
 EOF
 )
 rc=0
-# Rank 0 stalls after its epoch-1 checkpoint so the driver's SIGKILL lands there (retry test).
-export PIPELINES_HOLD_AFTER_EPOCH=1
 "$ROOT/.venv/bin/python" "$ROOT/tests/e2e/ui_driver.py" --artifacts "$ART" --conf "$CONF" --kill-training || rc=$?
 
 kill -TERM "$AIRFLOW_PID" 2>/dev/null || true

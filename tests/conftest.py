@@ -14,7 +14,6 @@ SHARED_DATA = Path(os.environ.get("SHARED_DATA", PROJECT_ROOT.parent / "shared" 
 IMDB_DIR = SHARED_DATA / "imdb"
 BERT_TINY_DIR = SHARED_DATA / "bert-tiny"
 
-sys.path.insert(0, str(PROJECT_ROOT))
 logging.getLogger("py4j").setLevel(logging.WARNING)  # its shutdown chatter hits closed streams
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

@@ -74,8 +74,8 @@ def write_synthetic_run(config: BenchmarkConfig, name: str = "run-a", skip: tupl
         result = make_result(backend.value, workers, repeat,
                              status="failed" if cell.name in failed else "ok", **kwargs)
         if result.status == "ok":
-            (cell / "checkpoints/final").mkdir(parents=True, exist_ok=True)
-            (cell / "checkpoints/final/model.pt").write_bytes(b"weights" * 64)
-        result.write(cell / "result.json")
+            (cell.checkpoints / "final").mkdir(parents=True, exist_ok=True)
+            (cell.checkpoints / "final/model.pt").write_bytes(b"weights" * 64)
+        result.write(cell.result)
         results[cell.name] = result
     return paths, results

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
+from pipelines.paths import RunPaths
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -36,7 +38,7 @@ def test_run_then_rereport_into_a_fresh_store(tmp_path, imdb_dir, bert_tiny_dir)
                *data_options(imdb_dir, bert_tiny_dir), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = out / "cli-run"
-    result = json.loads((run_dir / "cells" / "ddp-w1-r0" / "result.json").read_text())
+    result = json.loads((RunPaths(run_dir).cell("ddp", 1, 0).result).read_text())
     assert result["status"] == "ok" and len(result["epochs"]) == 1
     summary = json.loads((run_dir / "report" / "summary.json").read_text())
     assert summary["aggregates"][0]["key"] == "ddp-w1"
@@ -66,7 +68,7 @@ def test_train_one_cell_writes_its_result(tmp_path, imdb_dir, bert_tiny_dir):
     proc = cli("train", "--backend", "ddp", "--workers", "1", "--profile", "smoke", "--output",
                str(tmp_path / "out"), "--run-id", "one", *data_options(imdb_dir, bert_tiny_dir), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads((tmp_path / "out" / "one" / "cells" / "ddp-w1-r0" / "result.json").read_text())
+    result = json.loads((RunPaths(tmp_path / "out" / "one").cell("ddp", 1, 0).result).read_text())
     assert result["backend"] == "ddp" and result["status"] == "ok" and result["test"]["accuracy"] > 0
 
 

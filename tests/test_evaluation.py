@@ -9,6 +9,7 @@ import json
 import statistics
 
 from pipelines.evaluation import evaluate_run, time_to_target
+from pipelines.summary import read_summary
 from tests.synthetic_results import make_result, write_synthetic_run
 
 
@@ -24,9 +25,11 @@ def test_evaluate_run_aggregates_and_failures(make_config):
     config = make_config(backends=["ddp", "spark"], worker_counts=[1, 2], repeats=3,
                          price_per_worker_hour=0.5, target_accuracy=0.595)
     paths, results = write_synthetic_run(config, skip=("spark-w2-r2",), failed=("spark-w1-r1",))
-    summary = evaluate_run(config, paths)
+    typed = evaluate_run(config, paths)
+    assert read_summary(paths) == typed  # the typed summary round-trips through the file
+    summary = typed.model_dump(mode="json")
 
-    assert json.loads((paths.report / "summary.json").read_text()) == summary
+    assert json.loads(paths.summary.read_text()) == summary
     assert summary["status"] == "failed"
     failed = {f["cell"]: f["error"] for f in summary["failed"]}
     assert set(failed) == {"spark-w2-r2", "spark-w1-r1"}
@@ -62,7 +65,7 @@ def test_evaluate_run_aggregates_and_failures(make_config):
 def test_no_single_worker_cell_means_no_scaling_efficiency(make_config):
     config = make_config(backends=["ddp"], worker_counts=[2], target_accuracy=0.99)
     paths, _ = write_synthetic_run(config)
-    agg = evaluate_run(config, paths)["aggregates"][0]
+    agg = evaluate_run(config, paths).model_dump()["aggregates"][0]
     assert agg["scaling_efficiency"] is None
     assert agg["time_to_target_seconds"] is None and agg["reached_target"] == 0
 
@@ -70,7 +73,7 @@ def test_no_single_worker_cell_means_no_scaling_efficiency(make_config):
 def test_all_cells_missing_still_summarises(make_config):
     config = make_config(backends=["determined"], worker_counts=[1])
     paths, _ = write_synthetic_run(config, skip=("determined-w1-r0",))
-    summary = evaluate_run(config, paths)
+    summary = evaluate_run(config, paths).model_dump()
     assert summary["status"] == "failed"
     assert summary["aggregates"][0]["total_seconds"]["median"] is None
     assert summary["failed"][0]["cell"] == "determined-w1-r0"

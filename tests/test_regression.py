@@ -22,7 +22,7 @@ def store(tmp_path_factory) -> str:
 def _finished_run(config, name, **synthetic):
     """A run folder that went through evaluate and track, as in the DAG."""
     paths, _ = write_synthetic_run(config, name=name, **synthetic)
-    summary = evaluate_run(config, paths)
+    summary = evaluate_run(config, paths).model_dump()
     log_benchmark(config, paths)
     return paths, {a["key"]: a for a in summary["aggregates"]}
 

@@ -8,9 +8,12 @@ from operator import attrgetter
 from pathlib import Path
 
 import matplotlib.image
+import pytest
 from PIL import Image
 
+from pipelines.evaluation import evaluate_run
 from pipelines.report import TABLE_COLUMNS, build_report
+from pipelines.summary import SummaryMissing
 from tests.synthetic_results import write_synthetic_run
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -27,7 +30,10 @@ def test_report_table_and_plots_match_results(make_config):
     config = make_config(backends=["ddp", "spark", "determined"], worker_counts=[1, 2], repeats=2,
                          price_per_worker_hour=1.0, target_accuracy=0.595)
     paths, results = write_synthetic_run(config, failed=("determined-w2-r1",))
-    out = build_report(config, paths)  # no summary.json yet: it evaluates first
+    with pytest.raises(SummaryMissing, match="evaluate the run first"):
+        build_report(config, paths)  # reading a missing summary is an error, never a recompute
+    evaluate_run(config, paths)
+    out = build_report(config, paths)
 
     md = Path(out["markdown"]).read_text()
     rows = parse_table(md)
@@ -82,6 +88,7 @@ def test_report_table_and_plots_match_results(make_config):
 def test_report_with_every_cell_failed(make_config):
     config = make_config(backends=["spark"], worker_counts=[1, 2])
     paths, _ = write_synthetic_run(config, failed=("spark-w1-r0",), skip=("spark-w2-r0",))
+    evaluate_run(config, paths)
     out = build_report(config, paths)
     md = Path(out["markdown"]).read_text()
     assert "Status: **failed**" in md

@@ -25,7 +25,7 @@ from mlflow.artifacts import download_artifacts
 
 from pipelines.evaluation import evaluate_run
 from pipelines.paths import RunPaths
-from pipelines.tracking import (CELL_FILE, PARENT_FILE, SYSTEM_METRICS_INTERVAL_S, TrackingUnavailable,
+from pipelines.tracking import (SYSTEM_METRICS_INTERVAL_S, TrackingUnavailable,
                                 cell_tracking, client_for, ensure_cell_run, log_benchmark, parent_run_id)
 from tests.synthetic_results import make_result, write_synthetic_run
 
@@ -90,7 +90,7 @@ def test_log_benchmark_parent_and_nested_runs(store, make_config, request, tmp_p
     uri = request.getfixturevalue("mlflow_server")["url"] if store == "server" else None
     config = make_config(backends=["ddp", "spark"], worker_counts=[1, 2], mlflow_tracking_uri=uri)
     paths, results = write_synthetic_run(config)
-    summary = evaluate_run(config, paths)
+    summary = evaluate_run(config, paths).model_dump()
 
     out = log_benchmark(config, paths)
     uri = config.resolved_tracking_uri()
@@ -124,7 +124,7 @@ def test_log_benchmark_parent_and_nested_runs(store, make_config, request, tmp_p
     assert [f.path for f in client.list_artifacts(some, "model")] == ["model/model.pt"]
     local = download_artifacts(run_id=some, artifact_path="result/result.json", tracking_uri=uri,
                                dst_path=str(tmp_path / "dl"))
-    original = paths.cell("spark", 2, 0) / "result.json"
+    original = paths.cell("spark", 2, 0).result
     assert json.loads(Path(local).read_text()) == json.loads(original.read_text())
     if store == "sqlite":  # artifacts next to the database, never in the working directory
         beside_db = (Path(config.output_root).resolve() / "mlartifacts").as_uri()
@@ -145,9 +145,9 @@ def test_cell_tracking_records_system_metrics_on_server(mlflow_server, make_conf
         assert run_id is not None
         time.sleep(SYSTEM_METRICS_INTERVAL_S + 1.5)  # "training": the monitor samples meanwhile
         result = make_result("ddp", 2)
-        (cell / "checkpoints/final").mkdir(parents=True)
-        (cell / "checkpoints/final/model.pt").write_bytes(b"w" * 100)
-        result.write(cell / "result.json")
+        (cell.checkpoints / "final").mkdir(parents=True)
+        (cell.checkpoints / "final/model.pt").write_bytes(b"w" * 100)
+        result.write(cell.result)
     assert "MLFLOW_TRACKING_URI" not in os.environ  # the fluent API's export was undone
 
     client = MlflowClient(tracking_uri=mlflow_server["url"])
@@ -158,7 +158,7 @@ def test_cell_tracking_records_system_metrics_on_server(mlflow_server, make_conf
     assert "system/cpu_utilization_percentage" in system and "system/system_memory_usage_megabytes" in system
     assert run.data.metrics["test_f1"] == result.test.f1
     assert [f.path for f in client.list_artifacts(run_id, "model")] == ["model/model.pt"]
-    assert json.loads((cell / CELL_FILE).read_text())[mlflow_server["url"]]["run_id"] == run_id
+    assert json.loads(cell.mlflow_run.read_text())[mlflow_server["url"]]["run_id"] == run_id
 
     evaluate_run(config, paths)
     assert log_benchmark(config, paths)["cell_run_ids"] == {"ddp-w2-r0": run_id}  # reused
@@ -175,14 +175,14 @@ def test_cell_tracking_failure_marks_run_failed_and_reraises(make_config, shared
 
     # a retry reuses the same nested run; a result saying "failed" also ends it FAILED
     with cell_tracking(config, paths, "spark", 1, 0) as retry_id:
-        make_result("spark", 1, status="failed").write(paths.cell("spark", 1, 0) / "result.json")
+        make_result("spark", 1, status="failed").write(paths.cell("spark", 1, 0).result)
     assert retry_id == run_id
     run = client.get_run(run_id)
     assert run.info.status == "FAILED" and "exited with code 1" in run.data.tags["error"]
 
     # the third attempt succeeds: FINISHED, and the old error is gone
     with cell_tracking(config, paths, "spark", 1, 0) as third_id:
-        make_result("spark", 1).write(paths.cell("spark", 1, 0) / "result.json")
+        make_result("spark", 1).write(paths.cell("spark", 1, 0).result)
     run = client.get_run(third_id)
     assert third_id == run_id and run.info.status == "FINISHED" and "error" not in run.data.tags
     assert run.data.tags["cell_status"] == "ok"
@@ -198,7 +198,7 @@ def test_unreachable_server_lets_training_go_on(make_config, caplog):
             trained = True
     assert trained and run_id is None
     assert "tracking is off" in caplog.text and uri in caplog.text
-    assert not (paths.cell("ddp", 1, 0) / CELL_FILE).exists()
+    assert not paths.cell("ddp", 1, 0).mlflow_run.exists()
     evaluate_run(config, paths)
     with pytest.raises(TrackingUnavailable, match="unreachable"):
         log_benchmark(config, paths)
@@ -211,7 +211,7 @@ def _start_cell(run_dir: str, workers: int) -> str:
     config = read_config(paths.config)
     client = client_for(config)  # as cell_tracking does: creates the new database, once
     ensure_cell_run(client, config, paths, "ddp", workers, 0)
-    return json.loads((paths.root / PARENT_FILE).read_text())[config.resolved_tracking_uri()]["parent_run_id"]
+    return json.loads(paths.mlflow_parent.read_text())[config.resolved_tracking_uri()]["parent_run_id"]
 
 
 def test_racing_cell_tasks_share_one_parent(make_config):

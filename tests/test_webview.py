@@ -40,10 +40,12 @@ def write_run(make_config, root, run_id, profile="smoke", accuracy=0.61, report=
                                             loss=0.67, confusion_matrix=[[60, 40], [38, 62]]),
             startup_seconds=7.5, training_seconds=3.0, samples_per_second=130.0,
             total_seconds=11.0 if backend == Backend.DDP else 19.0,
-        ).write(paths.cell(backend, workers, repeat) / "result.json")
+        ).write(paths.cell(backend, workers, repeat).result)
     if report:  # the project's real evaluation + report modules write summary.json and plots
+        from pipelines.evaluation import evaluate_run
         from pipelines.report import build_report
 
+        evaluate_run(config, paths)
         build_report(config, paths)
         uri = config.resolved_tracking_uri()  # mlflow.json as pipelines.tracking writes it
         (paths.root / "mlflow.json").write_text(json.dumps({uri: {"experiment_id": "7",

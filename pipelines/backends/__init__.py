@@ -5,14 +5,16 @@
 
 ``run_cell`` writes ``cells/<backend>-w<N>-r<repeat>/result.json``; on failure it writes a
 result with ``status="failed"`` and the reason, then re-raises. Adding a backend (Ray Train)
-= one member in ``pipelines.config.Backend`` + one module with a ``TrainingBackend`` subclass
-registered in ``_REGISTRY``. Heavy libraries (torch, pyspark, determined) are imported only
-when a backend is built, so importing this package is cheap (Airflow DAG parsing).
+= one member in ``pipelines.config.Backend`` (the registration) + the module
+``pipelines/backends/<member value>.py`` defining one ``TrainingBackend`` subclass. Heavy
+libraries (torch, pyspark, determined) are imported only when a backend is built, so
+importing this package is cheap (Airflow DAG parsing).
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
 import traceback
 from typing import TYPE_CHECKING
@@ -26,38 +28,31 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Backend -> "module:class", resolved lazily.
-_REGISTRY: dict[Backend, str] = {
-    Backend.DDP: "pipelines.backends.ddp:DDPBackend",
-    Backend.SPARK: "pipelines.backends.spark:SparkBackend",
-    Backend.DETERMINED: "pipelines.backends.determined:DeterminedBackend",
-}
+
+def get_backend(backend: Backend) -> "TrainingBackend":
+    """The adapter of ``backend``: the TrainingBackend subclass in pipelines.backends.<value>."""
+    from pipelines.backends.base import TrainingBackend
+
+    module = importlib.import_module(f"{__name__}.{Backend(backend).value}")
+    for _, cls in inspect.getmembers(module, inspect.isclass):
+        if issubclass(cls, TrainingBackend) and cls.__module__ == module.__name__ and cls.name == backend:
+            return cls()
+    raise LookupError(f"{module.__name__} defines no TrainingBackend with name = Backend.{backend.name}")
 
 
-def get_backend(backend: Backend | str) -> "TrainingBackend":
-    try:
-        key = Backend(backend)
-        target = _REGISTRY[key]
-    except (ValueError, KeyError):
-        raise ValueError(f"unknown backend {backend!r} (known: {', '.join(b.value for b in _REGISTRY)})") from None
-    module, _, cls = target.partition(":")
-    return getattr(importlib.import_module(module), cls)()
-
-
-def run_cell(config: BenchmarkConfig, paths: RunPaths, backend: Backend | str, workers: int,
+def run_cell(config: BenchmarkConfig, paths: RunPaths, backend: Backend, workers: int,
              repeat: int = 0) -> CellResult:
     """Train one cell; always leaves a result.json (ok or failed) in the cell folder."""
-    backend = Backend(backend)
-    cell_dir = paths.cell(backend, workers, repeat)
+    cell = paths.cell(backend, workers, repeat)
     try:
-        return get_backend(backend).run(config, workers, paths=paths, cell_dir=cell_dir, repeat=repeat)
+        return get_backend(backend).run(config, workers, paths=paths, cell=cell, repeat=repeat)
     except BaseException as err:  # KeyboardInterrupt / task kill too: record why, then re-raise
         reason = f"{type(err).__name__}: {err}".strip()
-        log.error("cell %s failed: %s\n%s", cell_dir.name, reason, traceback.format_exc())
+        log.error("cell %s failed: %s\n%s", cell.name, reason, traceback.format_exc())
         CellResult(backend=backend, world_size=workers, repeat=repeat, status="failed",
                    error=reason[-4000:], model_name=config.model_source,
                    seed=config.seed, batch_size_per_worker=config.batch_size,
-                   max_seq_len=config.max_seq_len).write(cell_dir / "result.json")
+                   max_seq_len=config.max_seq_len).write(cell.result)
         raise
 
 

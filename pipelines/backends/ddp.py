@@ -40,12 +40,11 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from pipelines.backends.base import LOG_FILE, RESULT_FILE, TrainingBackend
+from pipelines.backends.base import TrainingBackend
+from pipelines.cell import CellSpec
 from pipelines.config import Backend, BenchmarkConfig
-from pipelines.paths import RunPaths
+from pipelines.paths import CellPaths, RunPaths
 from pipelines.results import CellResult
-from pipelines.spark_session import PROJECT_ROOT
-from pipelines.training.worker import CellSpec
 
 log = logging.getLogger(__name__)
 WORKER_MODULE = "pipelines.training.worker"
@@ -88,11 +87,9 @@ def worker_command(config: BenchmarkConfig, world_size: int, cell_dir: Path, lau
 
 
 def launch_env(config: BenchmarkConfig, base: Mapping[str, str]) -> dict[str, str]:
-    """Environment of the launched processes: project importable, one thread budget per rank."""
+    """Environment of the launched processes (``pipelines`` is installed in the same Python):
+    one thread budget per rank."""
     env = dict(base)
-    pythonpath = env.get("PYTHONPATH", "")
-    if str(PROJECT_ROOT) not in pythonpath.split(os.pathsep):
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), pythonpath) if p)
     env["OMP_NUM_THREADS"] = str(config.threads_per_worker)  # torchrun would force 1 otherwise
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     return env
@@ -150,34 +147,33 @@ class DDPBackend(TrainingBackend):
     name = Backend.DDP
 
     def run(self, config: BenchmarkConfig, world_size: int, *, paths: RunPaths,
-            cell_dir: Path | None = None, repeat: int = 0) -> CellResult:
+            cell: CellPaths | None = None, repeat: int = 0) -> CellResult:
         nproc_per_node(config, world_size)  # refuse a bad split before anything is written
+        cell = cell or paths.cell(self.name, world_size, repeat)
         if config.ddp_node_rank == 0:
-            return super().run(config, world_size, paths=paths, cell_dir=cell_dir, repeat=repeat)
-        return self._run_secondary_node(config, world_size,
-                                        Path(cell_dir or paths.cell(self.name, world_size, repeat)))
+            return super().run(config, world_size, paths=paths, cell=cell, repeat=repeat)
+        return self._run_secondary_node(config, world_size, cell)
 
-    def _run_secondary_node(self, config: BenchmarkConfig, world_size: int, cell_dir: Path) -> CellResult:
+    def _run_secondary_node(self, config: BenchmarkConfig, world_size: int, cell: CellPaths) -> CellResult:
         """Node k > 0: start this node's ranks, then return the result node 0 writes."""
         node = config.ddp_node_rank
-        cell_dir.mkdir(parents=True, exist_ok=True)
-        result_file = cell_dir / RESULT_FILE
-        before = _file_version(result_file)  # node 0 cannot finish before this node joined
+        cell.root.mkdir(parents=True, exist_ok=True)
+        before = _file_version(cell.result)  # node 0 cannot finish before this node joined
         launch_time = time.time()
-        log.info("ddp: node %d/%d of %s, %d process(es) here", node, config.ddp_nnodes, cell_dir.name,
+        log.info("ddp: node %d/%d of %s, %d process(es) here", node, config.ddp_nnodes, cell.name,
                  nproc_per_node(config, world_size))
         # cell.json is node 0's: its workers and ours read it only after the rendezvous.
-        cmd = worker_command(config, world_size, cell_dir, launch_time)
-        execute(cmd, launch_env(config, os.environ), cell_dir / f"train-node{node}.log")
-        result = wait_for_new_result(result_file, before, SECONDARY_RESULT_WAIT_S)
+        cmd = worker_command(config, world_size, cell.root, launch_time)
+        execute(cmd, launch_env(config, os.environ), cell.node_log(node))
+        result = wait_for_new_result(cell.result, before, SECONDARY_RESULT_WAIT_S)
         if result.status != "ok":
             raise RuntimeError(f"node 0 reported the cell failed: {result.error}")
-        log.info("ddp: node %d done; node 0 wrote %s", node, result_file)
+        log.info("ddp: node %d done; node 0 wrote %s", node, cell.result)
         return result
 
     def launch(self, spec: CellSpec, launch_time: float) -> None:
         cmd = worker_command(spec.config, spec.world_size, spec.cell_dir, launch_time)
-        execute(cmd, launch_env(spec.config, os.environ), spec.cell_dir / LOG_FILE)
+        execute(cmd, launch_env(spec.config, os.environ), spec.cell.log)
 
     def versions(self) -> dict[str, str]:
         return {"launcher": "torchrun"}

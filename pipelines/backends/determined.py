@@ -20,10 +20,11 @@ import tempfile
 from pathlib import Path
 
 from pipelines.backends import ddp
-from pipelines.backends.base import LOG_FILE, TrainingBackend
+from pipelines.backends.base import TrainingBackend
+from pipelines.cell import CellSpec
 from pipelines.config import Backend, BenchmarkConfig
-from pipelines.spark_session import PROJECT_ROOT
-from pipelines.training.worker import CellSpec
+from pipelines.fileio import atomic_write_json
+from pipelines.paths import PROJECT_ROOT
 
 log = logging.getLogger(__name__)
 TRIAL_MODULE = "pipelines.training.det_trial"
@@ -32,9 +33,13 @@ SEARCHER_METRIC = "loss_sum"  # summed over the fixed test split: proportional t
 
 def experiment_config(config: BenchmarkConfig, world_size: int, cell_dir: Path,
                       launch_time: float = 0.0, train_records: int | None = None) -> dict:
-    """The Determined experiment config for one cell (also the local Trainer's exp_conf)."""
-    entry = (f"python3 -m determined.launch.torch_distributed python3 -m {TRIAL_MODULE} "
-             f"--cell-dir {cell_dir} --launch-time {launch_time!r}")
+    """The Determined experiment config for one cell (also the local Trainer's exp_conf).
+
+    The entrypoint is an argument list, never a shell string: the cell folder comes from the
+    output root and run id, which a user chooses.
+    """
+    entry = ["python3", "-m", "determined.launch.torch_distributed", "python3", "-m", TRIAL_MODULE,
+             "--cell-dir", str(cell_dir), "--launch-time", repr(launch_time)]
     conf = {
         "name": f"{config.profile}-{Path(cell_dir).name}",
         "entrypoint": entry,
@@ -105,24 +110,26 @@ class DeterminedBackend(TrainingBackend):
 
     def launch(self, spec: CellSpec, launch_time: float) -> None:
         cfg = spec.config
-        if cfg.determined_master:
-            from pipelines.data.tokens import read_token_split
-
-            records = len(read_token_split(spec.paths.token_split("train"))[2])
-            conf = experiment_config(cfg, spec.world_size, spec.cell_dir, launch_time, records)
-            validate_experiment_config(conf)
-            submit_experiment(conf, cfg.determined_master)
-            return
-        if cfg.ddp_nnodes > 1:  # across machines, Determined's own master schedules the slots
+        if cfg.ddp_nnodes > 1 and not cfg.determined_master:
+            # across machines, Determined's own master schedules the slots
             raise ValueError(f"determined: ddp_nnodes={cfg.ddp_nnodes} applies to the ddp backend; "
                              "run Determined across machines through its master (determined_master)")
+        from pipelines.data.tokens import read_token_split
+
+        records = len(read_token_split(spec.paths.token_split("train"))[2])
+        conf = experiment_config(cfg, spec.world_size, spec.cell_dir, launch_time, records)
+        validate_experiment_config(conf)
+        atomic_write_json(spec.cell.determined_experiment, conf)  # the trial reads it
+        if cfg.determined_master:
+            submit_experiment(conf, cfg.determined_master)
+            return
         # Determined copies the working directory into every checkpoint: run in an empty one.
-        workdir = spec.cell_dir / "determined" / "code"
+        workdir = spec.cell.determined_workdir
         workdir.mkdir(parents=True, exist_ok=True)
         cmd = ddp.worker_command(cfg, spec.world_size, spec.cell_dir, launch_time, module=TRIAL_MODULE)
         env = ddp.launch_env(cfg, os.environ)
         env["USE_TORCH_DISTRIBUTED"] = "1"
-        ddp.execute(cmd, env, spec.cell_dir / LOG_FILE, cwd=workdir)
+        ddp.execute(cmd, env, spec.cell.log, cwd=workdir)
 
     def versions(self) -> dict[str, str]:
         import determined

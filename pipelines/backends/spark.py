@@ -18,9 +18,10 @@ import logging
 import time
 
 from pipelines.backends.base import TrainingBackend
+from pipelines.cell import CellSpec
 from pipelines.config import Backend, BenchmarkConfig
 from pipelines.spark_session import get_spark
-from pipelines.training.worker import CellSpec, train_worker
+from pipelines.training.worker import train_worker
 
 log = logging.getLogger(__name__)
 SLOT_WAIT_S = 60.0  # executors of a new session register within seconds on a healthy cluster

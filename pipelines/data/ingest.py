@@ -28,7 +28,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import re
 import shutil
 from datetime import UTC, datetime
@@ -40,12 +39,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipelines.config import BenchmarkConfig
-from pipelines.paths import RunPaths
+from pipelines.data.manifest import observed_labels
+from pipelines.fileio import atomic_write, atomic_write_json
+from pipelines.paths import PROJECT_ROOT, RunPaths
 
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "test")
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 HOW_TO = (
     "Provide the data locally: set dataset_source to a folder such as ../shared/data/imdb "
@@ -205,9 +205,8 @@ def content_hash(frame: pd.DataFrame) -> str:
 
 def _write_parquet(frame: pd.DataFrame, path: Path) -> None:
     table = pa.Table.from_pandas(frame, preserve_index=False).replace_schema_metadata(None)
-    tmp = path.with_name(f".{path.name}.tmp")
-    pq.write_table(table, tmp)  # no pandas metadata: the same rows give the same bytes
-    os.replace(tmp, path)  # a crash never leaves half a file under the final name
+    # no pandas metadata: the same rows give the same bytes; temp + fsync + rename
+    atomic_write(path, lambda fh: pq.write_table(table, fh))
 
 
 def _label_counts(frame: pd.DataFrame) -> dict[str, int] | None:
@@ -231,7 +230,7 @@ def ingest(config: BenchmarkConfig, paths: RunPaths) -> dict:
             log.warning("%s: asked for %d rows, source has %d: taking all", split, requested[split], len(raw))
         if not stratified:
             log.warning("%s: no 'label' column, sample is not stratified", split)
-        _write_parquet(sample, paths.snapshot / f"{split}.parquet")
+        _write_parquet(sample, paths.snapshot_split(split))
         splits[split] = {
             "file": f"{split}.parquet",
             "rows": len(sample),
@@ -242,6 +241,7 @@ def ingest(config: BenchmarkConfig, paths: RunPaths) -> dict:
             "rows_per_label": _label_counts(sample),
             "sha256": content_hash(sample),
         }
+    labels = observed_labels(splits["train"]["rows_per_label"])
     manifest = {
         "source": config.dataset_source,
         "resolved_source": resolved,
@@ -250,6 +250,9 @@ def ingest(config: BenchmarkConfig, paths: RunPaths) -> dict:
         "train_samples": config.train_samples,
         "test_samples": config.test_samples,
         "splits": splits,
+        # the task: the train split's label set (validate_snapshot checks it is 0..K-1)
+        "labels": labels,
+        "num_classes": len(labels) if labels else None,
     }
     old = json.loads(paths.manifest.read_text()) if paths.manifest.exists() else {}
     if {k: v for k, v in old.items() if k != "created_at"} == manifest:
@@ -258,8 +261,6 @@ def ingest(config: BenchmarkConfig, paths: RunPaths) -> dict:
         manifest["created_at"] = datetime.now(UTC).isoformat(timespec="seconds")
         if paths.tokens.exists():  # tokens of another snapshot must never be trained on
             shutil.rmtree(paths.tokens)
-    tmp = paths.manifest.with_name(".manifest.json.tmp")
-    tmp.write_text(json.dumps(manifest, indent=2))
-    os.replace(tmp, paths.manifest)
+    atomic_write_json(paths.manifest, manifest)
     log.info("snapshot %s: %s", paths.snapshot, {s: v["rows_per_label"] for s, v in splits.items()})
     return manifest

@@ -31,6 +31,8 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from pipelines.config import BenchmarkConfig
+from pipelines.data.manifest import ManifestError, read_manifest, task_labels
+from pipelines.fileio import atomic_write_text
 from pipelines.paths import RunPaths
 
 log = logging.getLogger(__name__)
@@ -96,7 +98,7 @@ def _run_suite(
     )
     result = definition.run(batch_parameters={"dataframe": frame}, result_format="SUMMARY")
     as_dict = result.to_json_dict()
-    (paths.validation / f"{name}.json").write_text(json.dumps(as_dict, indent=2, default=str))
+    atomic_write_text(paths.validation_result(stage, split), json.dumps(as_dict, indent=2, default=str))
     return as_dict
 
 
@@ -176,7 +178,7 @@ def _finish(paths: RunPaths, context, stage: str, results: dict[str, dict], extr
         "validated_at": datetime.now(UTC).isoformat(timespec="seconds"),
         **extra,
     }
-    (paths.validation / f"{stage}_summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    atomic_write_text(paths.validation_summary(stage), json.dumps(summary, indent=2, default=str))
     if failures:
         lines = [
             f"  - {f['split']}: {f['expectation']} on {f['column']}: observed {f['observed']}"
@@ -191,19 +193,42 @@ def _finish(paths: RunPaths, context, stage: str, results: dict[str, dict], extr
     return summary
 
 
-def _read_manifest(paths: RunPaths) -> dict:
-    if not paths.manifest.exists():
-        raise FileNotFoundError(f"{paths.manifest} missing: run the ingest stage first")
-    return json.loads(paths.manifest.read_text())
-
-
 # --- snapshot -----------------------------------------------------------------------------
 
 
-def snapshot_expectations(config: BenchmarkConfig, expected_rows: int) -> list:
+def expected_labels(manifest: dict) -> list[int]:
+    """The task's label set (manifest); when the train labels do not form 0..K-1, the set they
+    should have been (0..K-1 for K distinct labels), so GX names every row outside it."""
+    try:
+        return task_labels(manifest)
+    except ManifestError as err:
+        log.warning("%s", err)
+        count = len(manifest.get("splits", {}).get("train", {}).get("rows_per_label") or {})
+        return list(range(max(count, 2)))
+
+
+def class_share_bound(config: BenchmarkConfig, num_classes: int) -> float:
+    """Smallest allowed share of one class: ``min_class_fraction`` is the bound for two classes,
+    scaled to K classes (0.4 for 2 classes -> 0.267 for 3)."""
+    return config.min_class_fraction * 2 / num_classes
+
+
+def class_frame(frame: pd.DataFrame, labels: list[int]) -> pd.DataFrame:
+    """One row per label of the task: its share of the split (what the balance suite checks)."""
+    counts = frame["label"].value_counts() if "label" in frame.columns else pd.Series(dtype="int64")
+    total = max(len(frame), 1)
+    return pd.DataFrame({"label": labels, "share": [float(counts.get(k, 0)) / total for k in labels]})
+
+
+def class_expectations(config: BenchmarkConfig, labels: list[int]) -> list:
     import great_expectations.expectations as gxe
 
-    frac = config.min_class_fraction
+    return [gxe.ExpectColumnValuesToBeBetween(column="share", min_value=class_share_bound(config, len(labels)))]
+
+
+def snapshot_expectations(config: BenchmarkConfig, expected_rows: int, labels: list[int]) -> list:
+    import great_expectations.expectations as gxe
+
     return [
         gxe.ExpectColumnToExist(column="text"),
         gxe.ExpectColumnToExist(column="label"),
@@ -218,9 +243,7 @@ def snapshot_expectations(config: BenchmarkConfig, expected_rows: int) -> list:
         gxe.ExpectColumnValueLengthsToBeBetween(
             column="text", min_value=config.min_text_chars, max_value=config.max_text_chars
         ),
-        gxe.ExpectColumnValuesToBeInSet(column="label", value_set=[0, 1]),
-        # labels are 0/1, so the mean is the positive fraction: both classes >= min fraction
-        gxe.ExpectColumnMeanToBeBetween(column="label", min_value=frac, max_value=1 - frac),
+        gxe.ExpectColumnValuesToBeInSet(column="label", value_set=labels),  # the manifest's task
     ]
 
 
@@ -238,30 +261,33 @@ def _overlap(frames: dict[str, pd.DataFrame]) -> dict:
 
 def validate_snapshot(config: BenchmarkConfig, paths: RunPaths) -> dict:
     """GX suites on both snapshot splits; returns the summary or raises DataValidationError."""
-    manifest = _read_manifest(paths)
+    manifest = read_manifest(paths)
+    labels = expected_labels(manifest)
     paths.validation.mkdir(parents=True, exist_ok=True)
-    frames = {s: pd.read_parquet(paths.snapshot / f"{s}.parquet") for s in SPLITS}
+    frames = {s: pd.read_parquet(paths.snapshot_split(s)) for s in SPLITS}
     context = _context(paths)
-    results = {
-        split: _run_suite(
-            context, paths, "snapshot", split, frames[split],
-            snapshot_expectations(config, manifest["splits"][split]["rows"]),
-        )
-        for split in SPLITS
-    }
+    results = {}
+    for split in SPLITS:
+        results[split] = _run_suite(context, paths, "snapshot", split, frames[split],
+                                    snapshot_expectations(config, manifest["splits"][split]["rows"], labels))
+        # class balance: each of the task's classes holds at least its share of the split
+        results[f"{split}_classes"] = _run_suite(context, paths, "snapshot", f"{split}_classes",
+                                                 class_frame(frames[split], labels),
+                                                 class_expectations(config, labels))
     overlap = _overlap(frames)
     if overlap["test_rows_in_train"]:
         log.warning("%d test reviews also appear in train (exact duplicates)", overlap["test_rows_in_train"])
     extra = {
         "train_test_overlap": overlap,
         "snapshot_sha256": {s: manifest["splits"][s]["sha256"] for s in SPLITS},
+        "labels": labels,
     }
     return _finish(paths, context, "snapshot", results, extra)
 
 
 def require_valid_snapshot(paths: RunPaths) -> None:
     """Raise unless the saved snapshot validation passed for the snapshot now on disk."""
-    summary_path = paths.validation / "snapshot_summary.json"
+    summary_path = paths.validation_summary("snapshot")
     if not summary_path.exists():
         raise DataValidationError(f"{summary_path} missing: run validate_snapshot before preprocessing")
     summary = json.loads(summary_path.read_text())
@@ -270,7 +296,7 @@ def require_valid_snapshot(paths: RunPaths) -> None:
             f"the snapshot failed validation ({len(summary.get('failures', []))} failed expectations, "
             f"see {summary_path}): refusing to preprocess it"
         )
-    current = {s: v["sha256"] for s, v in _read_manifest(paths)["splits"].items()}
+    current = {s: v["sha256"] for s, v in read_manifest(paths)["splits"].items()}
     if summary.get("snapshot_sha256") != current:
         raise DataValidationError(
             f"the snapshot changed since it was validated ({summary_path}): run validate_snapshot again"
@@ -309,7 +335,7 @@ def _token_frame(split_dir: Path) -> tuple[pd.DataFrame, dict]:
 
 
 def token_expectations(config: BenchmarkConfig, expected_rows: int, vocab_size: int, cls_id: int | None,
-                       check_order: bool) -> list:
+                       check_order: bool, labels: list[int]) -> list:
     import great_expectations.expectations as gxe
 
     length = config.max_seq_len
@@ -324,7 +350,7 @@ def token_expectations(config: BenchmarkConfig, expected_rows: int, vocab_size: 
         gxe.ExpectColumnValuesToBeBetween(column="mask_min", min_value=0, max_value=1),
         gxe.ExpectColumnValuesToBeBetween(column="mask_max", min_value=0, max_value=1),
         gxe.ExpectColumnValuesToNotBeNull(column="label"),
-        gxe.ExpectColumnValuesToBeInSet(column="label", value_set=[0, 1]),
+        gxe.ExpectColumnValuesToBeInSet(column="label", value_set=labels),
     ]
     if cls_id is not None:
         expectations.append(gxe.ExpectColumnValuesToBeInSet(column="first_id", value_set=[cls_id]))
@@ -337,7 +363,7 @@ def validate_tokens(config: BenchmarkConfig, paths: RunPaths) -> dict:
     """GX suites on the token shards of both splits; returns the summary or raises."""
     from pipelines.data.tokens import load_tokenizer
 
-    manifest = _read_manifest(paths)
+    manifest = read_manifest(paths)
     paths.validation.mkdir(parents=True, exist_ok=True)
     tokenizer = load_tokenizer(config.tokenizer_source)
     vocab_size, cls_id = len(tokenizer), tokenizer.cls_token_id
@@ -345,13 +371,13 @@ def validate_tokens(config: BenchmarkConfig, paths: RunPaths) -> dict:
     results, schemas = {}, {}
     for split in SPLITS:
         frame, schemas[split] = _token_frame(paths.token_split(split))
-        snapshot_labels = pd.read_parquet(paths.snapshot / f"{split}.parquet", columns=["label"])["label"]
+        snapshot_labels = pd.read_parquet(paths.snapshot_split(split), columns=["label"])["label"]
         check_order = "label" in frame.columns and len(snapshot_labels) == len(frame)
         if check_order:
             frame["snapshot_label"] = snapshot_labels.to_numpy()
         expectations = token_expectations(
-            config, manifest["splits"][split]["rows"], vocab_size, cls_id, check_order
-        )
+            config, manifest["splits"][split]["rows"], vocab_size, cls_id, check_order,
+            expected_labels(manifest))
         results[split] = _run_suite(context, paths, "tokens", split, frame, expectations)
     extra = {"vocab_size": vocab_size, "cls_token_id": cls_id, "max_seq_len": config.max_seq_len,
              "shard_schema": schemas}

@@ -1,14 +1,13 @@
 """Per-epoch checkpoints of the shared training loop: ``<cell>/checkpoints/epoch-NNNN.pt``.
 
-Written by rank 0 only, atomically (temp file + ``os.replace``), so a kill mid-write leaves
-the previous checkpoint intact; only the newest one is kept (~50 MB for BERT-tiny + AdamW).
+Written by rank 0 only, atomically (``pipelines.fileio.atomic_write``: temp file, fsync,
+rename), so a kill mid-write leaves the previous checkpoint intact; only the newest one is kept (~50 MB for BERT-tiny + AdamW).
 Everything stored is tensors or plain Python types, so reading back works with
 ``torch.load(..., weights_only=True)`` and no pickled code is ever executed.
 """
 
 from __future__ import annotations
 
-import os
 import random
 from pathlib import Path
 from typing import Any
@@ -16,19 +15,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from pipelines.fileio import atomic_write
+
 PATTERN = "epoch-*.pt"
 
 
-def checkpoint_dir(cell_dir: Path) -> Path:
-    return Path(cell_dir) / "checkpoints"
-
-
 def save_checkpoint(state: dict[str, Any], directory: Path, epoch: int) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"epoch-{epoch:04d}.pt"
-    tmp = path.with_suffix(".pt.tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    path = Path(directory) / f"epoch-{epoch:04d}.pt"
+    atomic_write(path, lambda fh: torch.save(state, fh))
     for old in directory.glob(PATTERN):  # keep the newest only
         if old != path:
             old.unlink(missing_ok=True)

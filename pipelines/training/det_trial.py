@@ -3,15 +3,18 @@
     python -m torch.distributed.run --standalone --nproc-per-node 2 \\
         -m pipelines.training.det_trial --cell-dir <cell> --launch-time <epoch s>
 
-Same model factory, token shards, sampler, optimizer, schedule and evaluation as the shared
-loop (``pipelines.training.loop``); Determined drives the loop (its own batching, DDP
-wrapping, validation and checkpoint schedule). Local mode (no master): we join the gloo/nccl
-group ourselves (USE_TORCH_DISTRIBUTED=1) and hand Determined
+Same model factory, token shards, sampler, optimizer, schedule, evaluation and timing record
+(``TrainingRecord``) as the shared loop (``pipelines.training.loop``); Determined drives the
+loop (its own batching, DDP wrapping, validation and checkpoint schedule) and
+``EpochRecorder`` turns its callbacks into the record's phases. Local mode (no master): we
+join the gloo/nccl group ourselves (USE_TORCH_DISTRIBUTED=1) and hand Determined
 ``DistributedContext.from_torch_distributed()``. On a cluster (launched by
 ``determined.launch.torch_distributed``) Determined initialises everything itself.
-Determined's checkpoints go to ``<cell>/determined/determined/<uuid>`` (XDG_DATA_HOME) and
-it copies the working directory into each one, so the worker runs in an empty folder.
-Rank 0 writes ``<cell>/worker_result.json`` like every other backend.
+The experiment config is the adapter's (``<cell>/determined/experiment.json``, written by
+``pipelines.backends.determined``). Determined's checkpoints go to
+``<cell>/determined/determined/<uuid>`` (XDG_DATA_HOME) and it copies the working directory
+into each one, so the worker runs in an empty folder. Rank 0 writes
+``<cell>/worker_result.json`` like every other backend.
 """
 
 from __future__ import annotations
@@ -20,29 +23,27 @@ import json
 import logging
 import os
 import sys
-import time
-from pathlib import Path
 
 import determined as det
 import determined.pytorch  # noqa: F401  (`import determined` alone does not expose it)
 import torch
 from determined import pytorch as dtorch
 
-from pipelines.results import EpochMetrics
+from pipelines.cell import CellSpec
+from pipelines.fileio import atomic_write_json
+from pipelines.paths import CellPaths
 from pipelines.training import loop
+from pipelines.training.distributed import DistEnv
 from pipelines.training.model import build_model
-from pipelines.training.worker import CellSpec, setup_logging
+from pipelines.training.record import TrainingRecord
+from pipelines.training.worker import setup_logging
 
 log = logging.getLogger("pipelines.training.determined")
-MARKER = "latest.json"  # newest Determined checkpoint + our epoch history, written by rank 0
 
 
-def det_dir(cell_dir: Path) -> Path:
-    return Path(cell_dir) / "determined"
-
-
-def read_marker(cell_dir: Path) -> dict | None:
-    path = det_dir(cell_dir) / MARKER
+def read_marker(cell: CellPaths) -> dict | None:
+    """Rank 0's marker: the newest Determined checkpoint uuid and the training record."""
+    path = cell.determined_marker
     return json.loads(path.read_text()) if path.exists() else None
 
 
@@ -65,60 +66,47 @@ class RepeatingLoader:
 
 
 class EpochRecorder(dtorch.PyTorchCallback):
-    """Turns Determined's callbacks into the same EpochMetrics/timings the shared loop records."""
+    """Determined's callbacks -> the phases of the shared ``TrainingRecord``.
 
-    def __init__(self, trial: "BenchmarkTrial", marker: dict | None):
-        self.trial = trial
-        marker = marker or {}
-        self.done = int(marker.get("epoch", 0))
-        self.history = [EpochMetrics.model_validate(h) for h in marker.get("history", [])]
-        self.train_time = float(marker.get("train_seconds", 0.0))
-        self.eval_time = float(marker.get("eval_seconds", 0.0))
-        self.elapsed0 = float(marker.get("elapsed", 0.0))
-        self.first_step: float | None = None
+    train = epoch start -> training workload end; eval = validation start -> end;
+    checkpoint = validation end -> checkpoint uploaded (Determined checkpoints right after
+    validating, both every epoch).
+    """
+
+    def __init__(self, record: TrainingRecord, cell: CellPaths, is_main: bool):
+        self.record, self.cell, self.is_main = record, cell, is_main
         self.train_metrics: dict = {}
 
     def on_training_epoch_start(self, epoch_idx: int) -> None:
-        self.first_step = self.first_step or time.time()
-        self.t0 = time.perf_counter()
+        self.record.training_started()
+        self.record.begin("train")
 
     def on_training_workload_end(self, avg_metrics, batch_metrics) -> None:
-        self.epoch_train = time.perf_counter() - self.t0
-        self.train_time += self.epoch_train
+        self.record.end("train")
         self.train_metrics = avg_metrics
 
     def on_validation_start(self) -> None:
-        self.t1 = time.perf_counter()
+        self.record.begin("eval")
 
     def on_validation_end(self, metrics) -> None:
-        epoch_eval = time.perf_counter() - self.t1
-        self.eval_time += epoch_eval
-        self.done += 1
+        self.record.end("eval")
         n = float(metrics["count"])
-        self.history.append(EpochMetrics(
-            epoch=self.done, train_loss=float(self.train_metrics["loss"]),
-            train_accuracy=float(self.train_metrics["accuracy"]),
-            eval_loss=float(metrics["loss_sum"]) / n, eval_accuracy=float(metrics["correct"]) / n,
-            epoch_seconds=self.epoch_train + epoch_eval,
-            elapsed_seconds=self.elapsed0 + time.time() - (self.first_step or time.time()),
-            samples_per_second=self.trial.samples_per_epoch * self.done / self.train_time,
-        ))
-        if self.trial.env.is_main:
-            m = self.history[-1]
+        m = self.record.end_epoch(
+            train_loss=float(self.train_metrics["loss"]), train_accuracy=float(self.train_metrics["accuracy"]),
+            eval_loss=float(metrics["loss_sum"]) / n, eval_accuracy=float(metrics["correct"]) / n)
+        if self.is_main:
             log.info("epoch %d: train loss %.4f acc %.3f | eval loss %.4f acc %.3f",
                      m.epoch, m.train_loss, m.train_accuracy, m.eval_loss, m.eval_accuracy)
+        self.record.begin("checkpoint")
 
     def on_checkpoint_upload_end(self, uuid: str) -> None:
-        if not self.trial.env.is_main:
-            return
-        path = det_dir(self.trial.spec.cell_dir) / MARKER
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({
-            "uuid": uuid, "epoch": self.done, "history": [h.model_dump() for h in self.history],
-            "train_seconds": self.train_time, "eval_seconds": self.eval_time,
-            "elapsed": self.history[-1].elapsed_seconds if self.history else 0.0,
-        }))
-        os.replace(tmp, path)
+        if self.record.is_open("checkpoint"):
+            self.record.end("checkpoint")
+        if self.is_main:
+            atomic_write_json(self.cell.determined_marker, {"uuid": uuid, "record": self.record.state()})
+        hook = loop.epoch_end_hook()
+        if hook is not None:
+            hook(epoch=self.record.epochs_done, rank=int(os.environ.get("RANK", 0)), cell_dir=self.cell.root)
 
 
 class BenchmarkTrial(dtorch.PyTorchTrial):
@@ -127,25 +115,27 @@ class BenchmarkTrial(dtorch.PyTorchTrial):
         self.spec = CellSpec.read(context.get_hparams()["cell_dir"])
         cfg = self.spec.config
         dist_ctx = context.distributed
-        self.env = loop.DistEnv(dist_ctx.rank, dist_ctx.size, dist_ctx.local_rank, context.device)
-        self.marker = read_marker(self.spec.cell_dir)
-        self.train_set, self.test_set = loop.load_split(self.spec, "train"), loop.load_split(self.spec, "test")
-        model, self.model_source = build_model(cfg.model_source, cfg.seed)
+        self.env = DistEnv(dist_ctx.rank, dist_ctx.size, dist_ctx.local_rank, context.device)
+        self.train_set = loop.load_split(self.spec.paths, "train")
+        self.test_set = loop.load_split(self.spec.paths, "test")
+        model, self.model_source = build_model(cfg.model_source, cfg.seed, self.spec.num_labels)
         self.raw_model = model
         self.model = context.wrap_model(model)
-        self.loader = loop.train_loader(self.train_set, self.spec, self.env)
-        self.samples_per_epoch = len(self.loader.sampler) * self.env.world_size
-        optimizer, scheduler = loop.build_optimizer(model, self.spec, len(self.loader) * cfg.epochs)
+        self.loader = loop.train_loader(self.train_set, cfg, self.env)
+        optimizer, scheduler = loop.build_optimizer(model, cfg, len(self.loader) * cfg.epochs)
         self.optimizer = context.wrap_optimizer(optimizer)
         self.scheduler = context.wrap_lr_scheduler(
             scheduler, step_mode=dtorch.LRScheduler.StepMode.STEP_EVERY_BATCH)
         # Our loaders are plain torch ones with the shared loop's sampler (same batches).
         context.experimental.disable_dataset_reproducibility_checks()
-        self.recorder = EpochRecorder(self, self.marker)
+        marker = read_marker(self.spec.cell)
+        self.record = TrainingRecord.from_state(
+            marker and marker["record"], len(self.loader.sampler) * self.env.world_size)
+        self.recorder = EpochRecorder(self.record, self.spec.cell, self.env.is_main)
         torch.manual_seed(cfg.seed + self.env.rank)  # dropout stream, as in the shared loop
 
     def build_training_data_loader(self):
-        return RepeatingLoader(self.loader, start_epoch=self.recorder.done)
+        return RepeatingLoader(self.loader, start_epoch=self.record.epochs_done)
 
     def build_validation_data_loader(self):
         return loop.eval_loader(self.test_set, self.spec.config.batch_size, self.env)
@@ -173,32 +163,27 @@ def allow_numpy_rng_globals() -> None:
     exactly those numpy globals rather than turning weights-only loading off."""
     import numpy as np
 
-    try:
-        reconstruct = np._core.multiarray._reconstruct
-    except AttributeError:  # numpy < 2
-        reconstruct = np.core.multiarray._reconstruct
     torch.serialization.add_safe_globals(
-        [reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))])
+        [np._core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))])
 
 
 def main(cell_dir: str, launch_time: float) -> None:
-    from pipelines.backends.determined import experiment_config
-
     setup_logging()
     spec = CellSpec.read(cell_dir)
     cfg = spec.config
     torch.set_num_threads(cfg.threads_per_worker)
-    distributed = None
+    distributed, created_group = None, False
     if det.get_cluster_info() is None:  # local mode under torchrun
         os.environ["USE_TORCH_DISTRIBUTED"] = "1"
         if not torch.distributed.is_initialized():
             torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+            created_group = True
         distributed = det.core.DistributedContext.from_torch_distributed()
-        os.environ["XDG_DATA_HOME"] = str(det_dir(spec.cell_dir))  # checkpoint storage
-    marker = read_marker(spec.cell_dir)
+        os.environ["XDG_DATA_HOME"] = str(spec.cell.determined)  # checkpoint storage
+    marker = read_marker(spec.cell)
     if marker:
         allow_numpy_rng_globals()
-    exp_conf = experiment_config(cfg, spec.world_size, spec.cell_dir, launch_time)
+    exp_conf = json.loads(spec.cell.determined_experiment.read_text())
     with dtorch.init(hparams=exp_conf["hyperparameters"], exp_conf=exp_conf,
                      distributed=distributed, enable_tensorboard_logging=False) as context:
         trial = BenchmarkTrial(context)
@@ -206,20 +191,16 @@ def main(cell_dir: str, launch_time: float) -> None:
         trainer.fit(max_length=dtorch.Epoch(cfg.epochs), checkpoint_period=dtorch.Epoch(1),
                     validation_period=dtorch.Epoch(1), reporting_period=dtorch.Batch(sys.maxsize),
                     checkpoint_policy="none", latest_checkpoint=marker["uuid"] if marker else None)
-        rec = trial.recorder
         if trial.env.is_main:
             test, test_seconds = loop.final_test(trial.raw_model, trial.test_set, spec, trial.env.device)
-            last = read_marker(spec.cell_dir)
-            ckpt_path = det_dir(spec.cell_dir) / "determined" / last["uuid"] if last else None
+            last = read_marker(spec.cell)
+            ckpt_path = spec.cell.determined / "determined" / last["uuid"] if last else None
             loop.write_worker_result(loop.worker_result(
-                spec, trial.env, model_source=trial.model_source, epochs=rec.history, test=test,
-                train_samples=len(trial.train_set), test_samples=len(trial.test_set),
-                startup=(rec.first_step or time.time()) - launch_time, training=rec.train_time,
-                evaluation=rec.eval_time + test_seconds,
-                checkpoint_path=str(ckpt_path) if ckpt_path else None,
-                resumed_from=int(marker["epoch"]) if marker else 0,
-                model_path=loop.export_model(trial.raw_model, spec)), spec)
-    if torch.distributed.is_initialized():
+                spec, trial.env, trial.record, launch_time=launch_time, model_source=trial.model_source,
+                test=test, test_seconds=test_seconds, train_samples=len(trial.train_set),
+                test_samples=len(trial.test_set), checkpoint_path=str(ckpt_path) if ckpt_path else None,
+                model_path=loop.export_model(trial.raw_model, spec.cell)), spec)
+    if created_group and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
 
 

@@ -1,9 +1,10 @@
 """Model factory: BERT-style sequence classifier from a hub id or a local folder.
 
-``build_model(source, seed)`` loads pretrained weights when the source has them, and otherwise
+``build_model(source, seed, num_labels)`` loads pretrained weights when the source has them, and otherwise
 builds the architecture from its ``config.json`` with a seeded random init (the case for the
 offline ``bert-tiny`` copy, which ships no weights). Every backend calls this one function, so
-all of them start from identical parameters for the same seed.
+all of them start from identical parameters for the same seed. ``num_labels`` is the task's
+class count, from the snapshot manifest (``pipelines.data.manifest.task_labels``).
 
 Fails with ``OSError`` naming the source when neither weights nor a config can be found.
 """
@@ -14,14 +15,13 @@ from pathlib import Path
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",
                 "pytorch_model.bin.index.json")
-NUM_LABELS = 2
 
 
 def has_local_weights(folder: Path) -> bool:
     return any((Path(folder) / name).exists() for name in WEIGHT_FILES)
 
 
-def build_model(source: str, seed: int, num_labels: int = NUM_LABELS):
+def build_model(source: str, seed: int, num_labels: int):
     """Return ``(model, model_source)`` with model_source "pretrained" or "random_init"."""
     import torch
     from transformers import AutoConfig, AutoModelForSequenceClassification

@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from pipelines.paths import safe_run_id
+from pipelines.paths import RunPaths, safe_run_id
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DAGS_DIR = PROJECT_ROOT / "dags"
@@ -253,7 +253,7 @@ def test_dags_test_runs_the_whole_benchmark(airflow_home, tmp_path, imdb_dir, be
     for split in ("train", "test"):
         assert list((run_dir / "tokens" / split).glob("part-*.parquet"))
     for backend in conf["backends"]:
-        result = json.loads((run_dir / "cells" / f"{backend}-w1-r0" / "result.json").read_text())
+        result = json.loads((RunPaths(run_dir).cell(backend, 1, 0).result).read_text())
         assert result["status"] == "ok" and result["world_size"] == 1 and result["test"]["accuracy"] > 0
     assert {"report.html", "report.md", "summary.json"} <= {p.name for p in (run_dir / "report").iterdir()}
 

@@ -13,8 +13,11 @@ import pytest
 
 from pipelines.backends import ddp, run_cell
 from pipelines.backends.ddp import DDPBackend
+from pipelines.paths import CellPaths
 from pipelines.results import CellResult
-from pipelines.training.worker import CellSpec
+from pipelines.config import Backend
+from pipelines.paths import PROJECT_ROOT
+from tests import fault_injection
 
 CELLS = [(b, w) for b in ("ddp", "spark", "determined") for w in (1, 2)]
 
@@ -34,7 +37,7 @@ def test_backend_returns_a_complete_result(trained, run_paths, bench_config, bac
     assert result.total_seconds > result.startup_seconds + result.training_seconds
     assert result.model_source == "random_init" and result.device == "cpu"
     assert {"torch", "transformers"} <= set(result.versions)
-    on_disk = CellResult.read(run_paths.cell(backend, workers, 0) / "result.json")
+    on_disk = CellResult.read(run_paths.cell(backend, workers, 0).result)
     assert on_disk == result
 
 
@@ -62,13 +65,13 @@ def test_world_sizes_differ_in_batches_not_in_data(trained):
 
 
 def test_ddp_killed_after_epoch_1_resumes_at_epoch_2_with_same_result(trained, bench_config, run_paths):
-    cell = run_paths.cells / "ddp-w1-killed"
-    CellSpec(bench_config, run_paths.root, cell, "ddp", 1, 0).write()
-    cmd = ddp.worker_command(bench_config, 1, cell, time.time())
-    env = {**ddp.launch_env(bench_config, os.environ), "PIPELINES_HOLD_AFTER_EPOCH": "1"}
+    cell = CellPaths(run_paths.cells / "ddp-w1-killed")
+    DDPBackend().spec(bench_config, 1, run_paths, cell, 0).write()
+    cmd = ddp.worker_command(bench_config, 1, cell.root, time.time())
+    env = {**ddp.launch_env(bench_config, os.environ), **fault_injection.env(1, PROJECT_ROOT)}
     proc = subprocess.Popen(cmd, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    first = cell / "checkpoints" / "epoch-0001.pt"
+    first = cell.checkpoints / "epoch-0001.pt"
     try:
         deadline = time.time() + 120
         while not first.exists() and proc.poll() is None and time.time() < deadline:
@@ -82,9 +85,9 @@ def test_ddp_killed_after_epoch_1_resumes_at_epoch_2_with_same_result(trained, b
         proc.wait()
         _, alive = psutil.wait_procs(children, timeout=30)
     assert not alive, f"processes survived SIGKILL: {alive}"
-    assert not (cell / "worker_result.json").exists()
+    assert not cell.worker_result.exists()
 
-    resumed = DDPBackend().run(bench_config, 1, paths=run_paths, cell_dir=cell)
+    resumed = DDPBackend().run(bench_config, 1, paths=run_paths, cell=cell)
     reference = trained("ddp", 1)
     assert resumed.resumed_from_epoch == 1
     assert [e.epoch for e in resumed.epochs] == [1, 2]
@@ -97,7 +100,9 @@ def test_failed_cell_leaves_a_failed_result(bench_config, run_paths, tmp_path):
     from pipelines.paths import RunPaths
 
     empty = RunPaths(tmp_path / "no-tokens")
+    empty.snapshot.mkdir(parents=True)
+    empty.manifest.write_text(run_paths.manifest.read_text())  # a task, but no token shards
     with pytest.raises(RuntimeError, match="torchrun exited"):
-        run_cell(bench_config, empty, "ddp", 1, 0)
-    failed = CellResult.read(empty.cell("ddp", 1, 0) / "result.json")
+        run_cell(bench_config, empty, Backend.DDP, 1, 0)
+    failed = CellResult.read(empty.cell("ddp", 1, 0).result)
     assert failed.status == "failed" and "no token shards" in failed.error

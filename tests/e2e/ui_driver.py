@@ -81,7 +81,7 @@ def output_root(run_id: str) -> Path:
 def kill_training_after_epoch_1(run_id: str, timeout: float) -> dict:
     """SIGKILL the training processes once the epoch-1 checkpoint exists (Airflow must retry).
 
-    The e2e sets PIPELINES_HOLD_AFTER_EPOCH=1, so rank 0 stalls right after that checkpoint
+    The e2e arms tests.fault_injection (hold after epoch 1), so rank 0 stalls right after that checkpoint
     and the kill lands at a known point; the retry resumes at epoch 2 and does not stall.
     """
     import psutil

@@ -74,13 +74,13 @@ def test_two_nodes_train_like_one_node_with_two_processes(scaleout_config, scale
     # Every node returns the one result node 0 wrote; node 1 wrote no result of its own.
     returned = [CellResult.model_validate_json(out.split("RESULT ", 1)[1].splitlines()[0]) for out in outs]
     cell = shared.cell("ddp", 2, 0)
-    on_disk = CellResult.read(cell / "result.json")
+    on_disk = CellResult.read(cell.result)
     assert returned[0] == returned[1] == on_disk
     assert on_disk.status == "ok" and on_disk.world_size == 2
     assert on_disk.total_seconds > on_disk.startup_seconds > 0
 
     # Two agents really met at the rendezvous: one process each, global ranks 0 and 1.
-    node0_log, node1_log = (cell / "train.log").read_text(), (cell / "train-node1.log").read_text()
+    node0_log, node1_log = cell.log.read_text(), cell.node_log(1).read_text()
     for node, text in enumerate((node0_log, node1_log)):
         for line in (f"group_rank={node}", f"global_ranks=[{node}]", "group_world_size=2"):
             assert line in text, f"node {node} log lacks {line!r}:\n{text[-2000:]}"
@@ -95,6 +95,6 @@ def test_workers_not_divisible_by_nodes_is_refused_before_any_launch(scaleout_co
     paths = RunPaths(tmp_path / "run")
     with pytest.raises(ValueError, match="workers=3 cannot be split over ddp_nnodes=2"):
         run_cell(cfg, paths, "ddp", 3)
-    failed = CellResult.read(paths.cell("ddp", 3, 0) / "result.json")
+    failed = CellResult.read(paths.cell("ddp", 3, 0).result)
     assert failed.status == "failed" and "ddp_nnodes=2" in failed.error
     assert not (paths.cell("ddp", 3, 0) / "cell.json").exists()

@@ -5,17 +5,20 @@ from __future__ import annotations
 import torch
 from torch.utils.data import TensorDataset
 
+from pipelines.cell import CellSpec
+from pipelines.config import Backend
 from pipelines.paths import RunPaths
 from pipelines.training import loop
-from pipelines.training.worker import CellSpec
+from pipelines.training.distributed import DistEnv
 
 
 def _env(rank, world):
-    return loop.DistEnv(rank, world, rank, torch.device("cpu"))
+    return DistEnv(rank, world, rank, torch.device("cpu"))
 
 
 def _spec(config, tmp_path, world=2):
-    return CellSpec(config, tmp_path, tmp_path / "cell", "ddp", world, 0)
+    return CellSpec(config=config, run_root=tmp_path, cell_dir=tmp_path / "cell", backend=Backend.DDP,
+                    world_size=world, repeat=0, labels=[0, 1])
 
 
 def test_held_out_shards_cover_every_row_once():
@@ -29,7 +32,7 @@ def test_train_sampler_is_seeded_disjoint_and_epoch_dependent(make_config, tmp_p
     data = TensorDataset(torch.arange(16))
 
     def order(rank, epoch):
-        loader = loop.train_loader(data, spec, _env(rank, 2))
+        loader = loop.train_loader(data, spec.config, _env(rank, 2))
         loader.sampler.set_epoch(epoch)
         return [int(x) for (b,) in loader for x in b]
 
@@ -41,7 +44,7 @@ def test_train_sampler_is_seeded_disjoint_and_epoch_dependent(make_config, tmp_p
 def test_optimizer_warms_up_linearly_then_decays(make_config, tmp_path):
     spec = _spec(make_config(learning_rate=1e-3, warmup_ratio=0.2, weight_decay=0.01), tmp_path)
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
-    optimizer, scheduler = loop.build_optimizer(model, spec, total_steps=10)
+    optimizer, scheduler = loop.build_optimizer(model, spec.config, total_steps=10)
     assert [g["weight_decay"] for g in optimizer.param_groups] == [0.01, 0.0]
     lrs = []
     for _ in range(10):

@@ -16,9 +16,9 @@ def _params(model):
 
 def test_config_only_folder_gives_seeded_random_init(bert_tiny_dir):
     assert not has_local_weights(bert_tiny_dir)
-    a, source_a = build_model(str(bert_tiny_dir), seed=1)
-    b, _ = build_model(str(bert_tiny_dir), seed=1)
-    c, _ = build_model(str(bert_tiny_dir), seed=2)
+    a, source_a = build_model(str(bert_tiny_dir), seed=1, num_labels=2)
+    b, _ = build_model(str(bert_tiny_dir), seed=1, num_labels=2)
+    c, _ = build_model(str(bert_tiny_dir), seed=2, num_labels=2)
     assert source_a == "random_init"
     assert a.config.num_labels == 2 and a.config.hidden_size == 128
     assert torch.equal(_params(a), _params(b))
@@ -26,9 +26,9 @@ def test_config_only_folder_gives_seeded_random_init(bert_tiny_dir):
 
 
 def test_folder_with_weights_loads_pretrained(tmp_path, bert_tiny_dir):
-    model, _ = build_model(str(bert_tiny_dir), seed=3)
+    model, _ = build_model(str(bert_tiny_dir), seed=3, num_labels=2)
     model.save_pretrained(tmp_path / "weights")
-    loaded, source = build_model(str(tmp_path / "weights"), seed=99)
+    loaded, source = build_model(str(tmp_path / "weights"), seed=99, num_labels=2)
     assert source == "pretrained"
     assert torch.equal(_params(model), _params(loaded))  # the seed does not touch loaded weights
 
@@ -37,7 +37,7 @@ def test_unusable_source_names_it(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(OSError, match="empty"):
-        build_model(str(empty), seed=0)
+        build_model(str(empty), seed=0, num_labels=2)
     shutil.rmtree(empty)
     with pytest.raises(OSError, match="no-such-org/no-such-model"):
-        build_model("no-such-org/no-such-model", seed=0)
+        build_model("no-such-org/no-such-model", seed=0, num_labels=2)

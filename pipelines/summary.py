@@ -1,0 +1,121 @@
+"""The run summary ``report/summary.json``: typed, written by evaluation, read by everything after.
+
+``RunSummary`` is what the report, MLflow tracking, the regression check and the Benchmarks page
+read; ``read_summary`` fails with ``SummaryMissing`` (naming the command that writes it) rather
+than silently re-running evaluation.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from pipelines.config import Backend
+from pipelines.fileio import atomic_write_text
+from pipelines.paths import RunPaths
+
+SUMMARY_VERSION = 2
+
+
+class SummaryMissing(FileNotFoundError):
+    """report/summary.json is not there: the evaluate step has not run for this folder."""
+
+
+class Stats(BaseModel):
+    median: float | None = None
+    min: float | None = None
+    max: float | None = None
+
+
+class CellRow(BaseModel):
+    """One cell (backend, workers, repeat); failed cells carry only the first fields + error."""
+
+    cell: str
+    backend: Backend
+    workers: int
+    repeat: int
+    status: Literal["ok", "failed"]
+    error: str | None = None
+    device: str | None = None
+    host: str | None = None
+    model_source: str | None = None
+    total_seconds: float | None = None
+    training_seconds: float | None = None
+    startup_seconds: float | None = None
+    evaluation_seconds: float | None = None
+    checkpoint_seconds: float | None = None
+    samples_per_second: float | None = None
+    peak_memory_mb: float | None = None
+    test_accuracy: float | None = None
+    test_f1: float | None = None  # macro-F1
+    epochs_run: int | None = None
+    time_to_target_epoch: int | None = None
+    time_to_target_seconds: float | None = None
+
+
+class Aggregate(BaseModel):
+    """Statistics over the repeats of one (backend, workers)."""
+
+    key: str  # "<backend>-w<N>"
+    backend: Backend
+    workers: int
+    repeats: int
+    repeats_ok: int
+    repeats_failed: int
+    total_seconds: Stats
+    training_seconds: Stats
+    startup_seconds: Stats
+    samples_per_second: Stats
+    test_accuracy: Stats
+    test_f1: Stats
+    peak_memory_mb_max: float | None = None
+    time_to_target_seconds: float | None = None  # median over the repeats that reached it
+    reached_target: int = 0
+    worker_hours: float | None = None
+    estimated_cost: float | None = None
+    speedup: float | None = None  # t(1 worker) / t(N) on training time
+    scaling_efficiency: float | None = None  # t(1) / (N * t(N))
+    overhead_vs_ddp_total: float | None = None  # (t - t_ddp) / t_ddp at the same worker count
+    overhead_vs_ddp_training: float | None = None
+
+
+class FailedCell(BaseModel):
+    cell: str
+    error: str
+
+
+class Hardware(BaseModel):
+    devices: list[str] = Field(default_factory=list)
+    hosts: list[str] = Field(default_factory=list)
+    cpu_count: int | None = None
+    versions: dict[str, str] = Field(default_factory=dict)  # library -> versions over the cells
+
+
+class RunSummary(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    version: int = SUMMARY_VERSION
+    run: str
+    profile: str
+    status: Literal["success", "failed"]
+    target_accuracy: float
+    price_per_worker_hour: float
+    dataset: dict[str, Any] | None = None  # the snapshot manifest
+    model_sources: list[str] = Field(default_factory=list)
+    hardware: Hardware = Field(default_factory=Hardware)
+    cells: list[CellRow] = Field(default_factory=list)
+    aggregates: list[Aggregate] = Field(default_factory=list)
+    failed: list[FailedCell] = Field(default_factory=list)
+    estimated_cost_total: float = 0.0
+
+    def write(self, paths: RunPaths) -> None:
+        atomic_write_text(paths.summary, self.model_dump_json(indent=2))
+
+
+def read_summary(paths: RunPaths) -> RunSummary:
+    """The run's summary; SummaryMissing if evaluation has not written it."""
+    if not paths.summary.exists():
+        raise SummaryMissing(f"{paths.summary} missing: evaluate the run first "
+                             f"(python -m pipelines report {paths.root})")
+    return RunSummary.model_validate_json(paths.summary.read_text())

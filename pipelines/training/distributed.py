@@ -1,0 +1,90 @@
+"""The loop seam: who joins the process group, who wraps the model, who prepares the loaders.
+
+The shared loop (``pipelines.training.loop.run_training``) never decides these itself; it asks
+a ``Distributed`` object. The default, ``TorchDistributed``, is what torchrun-started ranks need
+(torchrun and TorchDistributor set RANK / LOCAL_RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT):
+join the group (nccl on GPU, gloo on CPU) unless one exists, wrap the model in
+``DistributedDataParallel``, leave the loaders alone, and destroy the group at the end only if
+it created it. A framework that owns these (Ray Train's ``prepare_model`` /
+``prepare_data_loader`` and its process group, FSDP's ``fully_shard``) subclasses it and
+overrides the step it owns, without copying the loop:
+
+    class RayTrainDistributed(TorchDistributed):
+        def wrap_model(self, model, env): return ray.train.torch.prepare_model(model)
+
+    run_training(spec, launch_time, distributed=RayTrainDistributed())
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def device_name(device: torch.device) -> str:
+    return f"cuda:{torch.cuda.get_device_name(device)}" if device.type == "cuda" else "cpu"
+
+
+def autocast(device: torch.device):
+    """bf16 autocast on GPU; full fp32 on CPU (bf16 on CPU is slower here, not faster)."""
+    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+
+
+def all_reduce_sum(values: list[float], env: DistEnv) -> list[float]:
+    tensor = torch.tensor(values, dtype=torch.float64, device=env.device)
+    if env.world_size > 1:
+        dist.all_reduce(tensor)
+    return tensor.tolist()
+
+
+class TorchDistributed:
+    """torchrun's contract: process group from the environment, DDP wrapping."""
+
+    def __init__(self) -> None:
+        self.created_group = False
+
+    def setup(self) -> DistEnv:
+        """Read RANK / WORLD_SIZE / LOCAL_RANK; join the process group if world > 1."""
+        rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        if torch.cuda.is_available():
+            device = torch.device("cuda", local_rank)
+            torch.cuda.set_device(device)
+        else:
+            device = torch.device("cpu")
+        if world > 1 and not dist.is_initialized():
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+            self.created_group = True
+        return DistEnv(rank, world, local_rank, device)
+
+    def wrap_model(self, model: torch.nn.Module, env: DistEnv) -> torch.nn.Module:
+        """The module the training steps call; its parameters must be ``model``'s."""
+        if env.world_size == 1:
+            return model
+        return torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[env.local_rank] if env.device.type == "cuda" else None)
+
+    def prepare_loader(self, loader, env: DistEnv):
+        return loader
+
+    def teardown(self) -> None:
+        """Destroy the process group if (and only if) ``setup`` created it."""
+        if self.created_group and dist.is_initialized():
+            dist.destroy_process_group()
+        self.created_group = False

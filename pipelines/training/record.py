@@ -1,0 +1,133 @@
+"""The training record: per-epoch metrics, phase timings and the resume marker of one cell.
+
+One definition of every timed phase, used by the shared torch loop and by the Determined trial
+(driven from Determined's callbacks) alike, so no platform is timed differently:
+
+- ``train``: the epoch's training steps: waiting for batches, forward, backward, gradient
+  all-reduce, optimizer and scheduler step, and the all-reduce of the epoch's train metrics;
+- ``eval``: the held-out evaluation after each epoch (sharded over the ranks, all-reduced);
+- ``checkpoint``: gathering the RNG states and writing the checkpoint (rank 0 writes);
+- ``startup``: the adapter's launch time -> the first training step of this attempt;
+- ``elapsed``: wall time from the first training step to the end of the newest epoch,
+  summed over attempts (a resumed cell continues from the elapsed time of its checkpoint).
+
+    record = TrainingRecord(samples_per_epoch=len(sampler) * world_size)
+    record.training_started()
+    with record.phase("train"):
+        ...
+    with record.phase("eval"):
+        ...
+    epoch = record.end_epoch(train_loss=..., train_accuracy=..., eval_loss=..., eval_accuracy=...)
+    with record.phase("checkpoint"):
+        save({..., "record": record.state()})
+
+``state()`` / ``TrainingRecord.from_state`` carry everything across a restart, so a resumed cell
+reports the phases of all its attempts. The clocks are injectable for tests.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from pipelines.results import EpochMetrics
+
+PHASES = ("train", "eval", "checkpoint")
+
+
+class TrainingRecord:
+    def __init__(self, samples_per_epoch: int, *, clock: Callable[[], float] = time.perf_counter,
+                 wall: Callable[[], float] = time.time, state: dict[str, Any] | None = None):
+        state = state or {}
+        self.samples_per_epoch = samples_per_epoch
+        self._clock, self._wall = clock, wall
+        self.history = [EpochMetrics.model_validate(h) for h in state.get("history", [])]
+        self.totals = {p: float(state.get("totals", {}).get(p, 0.0)) for p in PHASES}
+        self.resumed_from_epoch = len(self.history)
+        self._elapsed_before = float(state.get("elapsed", 0.0))
+        self._epoch = dict.fromkeys(PHASES, 0.0)  # phases of the epoch in progress
+        self._open: dict[str, float] = {}
+        self.first_step: float | None = None  # wall clock of this attempt's first step
+
+    # --- phases -----------------------------------------------------------------------------
+    def training_started(self) -> None:
+        """Mark this attempt's first training step (start-up ends here); idempotent."""
+        if self.first_step is None:
+            self.first_step = self._wall()
+
+    def begin(self, phase: str) -> None:
+        if phase not in PHASES:
+            raise ValueError(f"unknown phase {phase!r} (phases: {', '.join(PHASES)})")
+        self._open[phase] = self._clock()
+
+    def is_open(self, phase: str) -> bool:
+        return phase in self._open
+
+    def end(self, phase: str) -> float:
+        seconds = self._clock() - self._open.pop(phase)
+        self._epoch[phase] += seconds
+        self.totals[phase] += seconds
+        if phase == "checkpoint" and self.history:  # the checkpoint follows its epoch's record
+            last = self.history[-1]
+            self.history[-1] = last.model_copy(update={
+                "checkpoint_seconds": last.checkpoint_seconds + seconds,
+                "epoch_seconds": last.epoch_seconds + seconds})
+            self._epoch["checkpoint"] = 0.0
+        return seconds
+
+    @contextmanager
+    def phase(self, phase: str) -> Iterator[None]:
+        self.begin(phase)
+        try:
+            yield
+        finally:
+            self.end(phase)
+
+    # --- epochs -----------------------------------------------------------------------------
+    @property
+    def epochs_done(self) -> int:
+        return len(self.history)
+
+    def elapsed(self) -> float:
+        started = self.first_step if self.first_step is not None else self._wall()
+        return self._elapsed_before + self._wall() - started
+
+    def end_epoch(self, *, train_loss: float, train_accuracy: float, eval_loss: float,
+                  eval_accuracy: float) -> EpochMetrics:
+        """Close the epoch whose train and eval phases just ended; returns its record."""
+        epoch = self._epoch
+        metrics = EpochMetrics(
+            epoch=self.epochs_done + 1, train_loss=train_loss, train_accuracy=train_accuracy,
+            eval_loss=eval_loss, eval_accuracy=eval_accuracy,
+            train_seconds=epoch["train"], eval_seconds=epoch["eval"], checkpoint_seconds=0.0,
+            epoch_seconds=epoch["train"] + epoch["eval"],
+            elapsed_seconds=self.elapsed(),
+            samples_per_second=(self.samples_per_epoch * (self.epochs_done + 1) / self.totals["train"]
+                                if self.totals["train"] > 0 else 0.0),
+        )
+        self.history.append(metrics)
+        self._epoch = dict.fromkeys(PHASES, 0.0)
+        return metrics
+
+    # --- resume and result ------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        """Plain data for a checkpoint or marker file (weights_only-loadable, JSON-able)."""
+        return {"history": [h.model_dump() for h in self.history], "totals": dict(self.totals),
+                "elapsed": self.history[-1].elapsed_seconds if self.history else 0.0}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any] | None, samples_per_epoch: int, **clocks) -> "TrainingRecord":
+        return cls(samples_per_epoch, state=state, **clocks)
+
+    def timings(self, launch_time: float, final_test_seconds: float) -> dict[str, float]:
+        """The CellResult timing fields (evaluation includes the final test evaluation)."""
+        first = self.first_step if self.first_step is not None else self._wall()
+        return {
+            "startup_seconds": first - launch_time,
+            "training_seconds": self.totals["train"],
+            "evaluation_seconds": self.totals["eval"] + final_test_seconds,
+            "checkpoint_seconds": self.totals["checkpoint"],
+            "samples_per_second": self.history[-1].samples_per_second if self.history else 0.0,
+        }

@@ -1,0 +1,30 @@
+"""Fault injection for tests, through the training loop's epoch-end hook (never in production).
+
+    PIPELINES_EPOCH_END_HOOK=tests.fault_injection:hold FAULT_HOLD_AFTER_EPOCH=1 \\
+        PYTHONPATH=<project root> python -m pipelines train ...
+
+makes rank 0 stall right after the checkpoint of epoch 1 is written, so a test can kill the
+process tree at a known point and check that a retry resumes from that checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+HOOK = "tests.fault_injection:hold"
+HOLD_AFTER_EPOCH_ENV = "FAULT_HOLD_AFTER_EPOCH"
+MAX_HOLD_S = 300  # bounded: a missed kill cannot hang a test run forever
+
+
+def hold(epoch: int, rank: int, cell_dir, **_) -> None:
+    if rank == 0 and str(epoch) == os.environ.get(HOLD_AFTER_EPOCH_ENV):
+        logging.getLogger(__name__).warning("%s=%d: stalling for a test kill", HOLD_AFTER_EPOCH_ENV, epoch)
+        time.sleep(MAX_HOLD_S)
+
+
+def env(epoch: int, project_root) -> dict[str, str]:
+    """Environment variables that arm the hold after ``epoch`` (tests importable from anywhere)."""
+    pythonpath = os.pathsep.join(p for p in (str(project_root), os.environ.get("PYTHONPATH", "")) if p)
+    return {"PIPELINES_EPOCH_END_HOOK": HOOK, HOLD_AFTER_EPOCH_ENV: str(epoch), "PYTHONPATH": pythonpath}
