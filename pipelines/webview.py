@@ -93,17 +93,17 @@ def load_run(root: Path, details: bool = True) -> RunInfo:
     info.config = _read_json(paths.config, info.errors) or {}
     info.profile = str(info.config.get("profile", "?"))
     info.started = datetime.fromtimestamp(paths.config.stat().st_mtime, tz=timezone.utc)
-    info.summary = _read_json(paths.report / "summary.json", info.errors)
+    info.summary = _read_json(paths.summary, info.errors)
     if not details:
         return info
-    for result in sorted(paths.cells.glob("*/result.json")):
+    for result in paths.cell_results():
         data = _read_json(result, info.errors)
         if isinstance(data, dict):
             info.cells.append(_cell_row(result.parent.name, data))
     if paths.report.is_dir():
         info.plots = sorted(p.name for p in paths.report.glob("*.png"))
-        info.has_html_report = (paths.report / "report.html").is_file()
-    info.mlflow = _read_json(root / "mlflow.json", info.errors) or {}
+        info.has_html_report = paths.report_html.is_file()
+    info.mlflow = _read_json(paths.mlflow_parent, info.errors) or {}
     return info
 
 
@@ -112,7 +112,7 @@ def list_runs(root: Path | None = None) -> list[RunInfo]:
     root = root or output_root()
     if not root.is_dir():
         return []
-    runs = [load_run(d, details=False) for d in root.iterdir() if (d / "config.json").is_file()]
+    runs = [load_run(d, details=False) for d in root.iterdir() if RunPaths.is_run_folder(d)]
     return sorted(runs, key=lambda r: (r.started, r.run_id), reverse=True)
 
 
@@ -264,7 +264,7 @@ class NotFound(LookupError):
 
 def _run_dir(root: Path, run_id: str) -> Path:
     run_dir = (root / run_id).resolve()
-    if run_dir.parent != root or not (run_dir / "config.json").is_file():
+    if run_dir.parent != root or not RunPaths.is_run_folder(run_dir):
         raise NotFound(f"no benchmark run {run_id!r} in {root}")
     return run_dir
 

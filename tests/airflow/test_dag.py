@@ -93,6 +93,11 @@ def test_task_graph(dag):
     assert up["track"] == {"prepare_run", "report"}
     assert up["check_regression"] == {"prepare_run", "track"}
     assert dag.task_dict["evaluate"].trigger_rule == "all_done"
+    # the steps after training are the CLI's (pipelines.runner), in the same order
+    from pipelines.runner import FINISH_STEPS
+
+    for before, after in zip(FINISH_STEPS, FINISH_STEPS[1:]):
+        assert up[after] == {"prepare_run", before} and dag.task_dict[after].trigger_rule == "all_success"
 
 
 def test_train_tasks_are_mapped_and_hold_one_pool_slot_per_worker(dag):

@@ -1,0 +1,64 @@
+"""The one policy after training (pipelines.runner), as the CLI applies it: same order as the
+DAG (tests/airflow/test_dag.py::test_task_graph), stop at the first failure, exit 1 with a
+hint saying how to continue, tracebacks with --verbose. Real MLflow stores, synthetic cells."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipelines import runner
+from tests.synthetic_results import write_synthetic_run
+
+DEAD_SERVER = "http://127.0.0.1:9"  # the discard port: nothing listens, connections are refused
+
+
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    return subprocess.run([sys.executable, "-m", "pipelines", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_finish_stops_at_the_first_failed_step_and_keeps_what_was_done(make_config):
+    config = make_config(backends=["ddp"], worker_counts=[1], mlflow_tracking_uri=DEAD_SERVER)
+    paths, _ = write_synthetic_run(config)
+    with pytest.raises(runner.StepFailed) as err:
+        runner.finish(str(paths.root))
+    assert err.value.step == "track"
+    assert "re-log it with: python -m pipelines report" in err.value.hint
+    assert paths.summary.exists() and paths.report_html.exists()  # evaluate and report ran
+    assert not paths.regression.exists()  # the regression check never ran
+
+
+def test_steps_run_in_order_without_mlflow(make_config):
+    config = make_config(backends=["ddp"], worker_counts=[1])
+    paths, _ = write_synthetic_run(config)
+    done = runner.finish(str(paths.root), with_mlflow=False)
+    assert list(done) == ["evaluate", "report"] == list(runner.FINISH_STEPS[:2])
+
+
+@pytest.mark.slow
+def test_cli_exit_status_hint_and_verbose_traceback(make_config, tmp_path):
+    dead = make_config(backends=["ddp"], worker_counts=[1], mlflow_tracking_uri=DEAD_SERVER)
+    paths, _ = write_synthetic_run(dead, name="dead-store")
+    proc = cli("report", str(paths.root), cwd=tmp_path)
+    assert proc.returncode == 1
+    assert "error: track failed" in proc.stderr and "re-log it with" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+    proc = cli("--verbose", "report", str(paths.root), cwd=tmp_path)
+    assert proc.returncode == 1 and "Traceback (most recent call last)" in proc.stderr
+
+    # failed cells: reported and logged, then the run fails, naming how to resume them
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    broken = make_config(backends=["ddp"], worker_counts=[1, 2], mlflow_tracking_uri=store)
+    paths, _ = write_synthetic_run(broken, name="broken", failed=("ddp-w2-r0",))
+    proc = cli("report", str(paths.root), cwd=tmp_path)
+    assert proc.returncode == 1
+    assert "check_regression failed: FailedCellsError" in proc.stderr and "ddp-w2-r0" in proc.stderr
+    assert f"python -m pipelines run --run-dir {paths.root}" in proc.stderr
+    assert paths.report_html.exists() and paths.regression.exists()
