@@ -27,7 +27,9 @@ Fields left empty that the machine must supply (data, tokenizer, model, output f
 from the environment: `BENCHMARK_OUTPUT_ROOT`, `BENCHMARK_DATASET_SOURCE`,
 `BENCHMARK_TOKENIZER_SOURCE`, `BENCHMARK_MODEL_SOURCE` (set by `scripts/airflow_env.sh`).
 
-**Training slots.** Each `train.wN` task takes N slots of the pool `training_workers`
+**Training slots.** The timed part of every cell holds a host-wide lock (pipelines.attempts), so
+two cells are never timed on one host at once, whoever started them. Each `train.wN` task takes
+N slots of the pool `training_workers`
 (`scripts/airflow_setup.sh` sizes it to the GPU count, or the CPU count without GPUs), so the
 cells running at once never ask for more workers than the machine has. Airflow cannot give
 each mapped instance its own `pool_slots` (apache/airflow#35803), hence one mapped task per
@@ -122,8 +124,15 @@ PARAMS = {
                        "Training matrix"),
     "epochs": _number("epochs", "integer", "Epochs", "Training epochs per cell.", "Training"),
     "batch_size": _number("batch_size", "integer", "Batch size", "Per worker.", "Training"),
-    "learning_rate": _number("learning_rate", "number", "Learning rate", "AdamW peak learning rate.",
+    "learning_rate": _number("learning_rate", "number", "Learning rate", "AdamW peak learning rate at 1 worker.",
                              "Training"),
+    "batch_policy": Param(None, type=["string", "null"], enum=[None, "per_worker", "global"],
+                          title="Batch policy", section="Training",
+                          description="per_worker: batch size per worker (the global batch grows); "
+                                      "global: the batch size is split over the workers."),
+    "lr_scaling": Param(None, type=["string", "null"], enum=[None, "none", "linear", "sqrt"],
+                        title="Learning-rate scaling", section="Training",
+                        description="How the learning rate follows the global batch."),
     "target_accuracy": _number("target_accuracy", "number", "Target accuracy",
                                "Held-out accuracy that defines time-to-accuracy.", "Training"),
     "seed": _number("seed", "integer", "Seed", "Sampling, initialisation and shuffling.", "Training"),

@@ -56,7 +56,10 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--workers", required=True, type=int)
     train.add_argument("--repeat", type=int, default=0)
     train.add_argument("--node-rank", type=int, help="multi-node ddp: this machine's node rank")
-    with_run_options(sub.add_parser("run", help="the whole benchmark: data, every cell, report"))
+    train.add_argument("--force", action="store_true", help="train the cell again even if it finished")
+    run = with_run_options(sub.add_parser("run", help="the whole benchmark: data, every cell, report"))
+    run.add_argument("--force", action="store_true",
+                     help="with --run-dir: train finished cells again from scratch (default: skip them)")
     report = sub.add_parser("report", help="evaluate + report (+ MLflow) from a finished run folder")
     report.add_argument("run_dir")
     report.add_argument("--no-mlflow", action="store_true", help="write files only")
@@ -83,12 +86,13 @@ def _ensure_data(run_dir: str) -> None:
         log.info("data stage: %s", json.dumps(stages.data_stage(run_dir), default=str))
 
 
-def _train_all(run_dir: str) -> list[str]:
-    """Every planned cell; a failed cell is recorded (result.json) and the others go on."""
+def _train_all(run_dir: str, force: bool) -> list[str]:
+    """Every planned cell; a failed cell is recorded (result.json) and the others go on;
+    finished cells are skipped unless ``force``."""
     failed = []
     for backend, workers, repeat in stages.planned_cells(run_dir):
         try:
-            stages.train_cell(run_dir, backend, workers, repeat)
+            stages.train_cell(run_dir, backend, workers, repeat, force=force)
         except Exception as err:
             log.error("cell %s w%d r%d failed: %s", backend, workers, repeat, err)
             failed.append(f"{backend}-w{workers}-r{repeat}")
@@ -108,11 +112,11 @@ def _command(args: argparse.Namespace) -> int:
     if args.command == "train":
         try:
             print(json.dumps(stages.train_cell(run_dir, Backend(args.backend), args.workers, args.repeat,
-                                               node_rank=args.node_rank)))
+                                               node_rank=args.node_rank, force=args.force)))
         except Exception as err:
             raise runner.StepFailed("train", err, runner.resume_hint("train", run_dir)) from err
     elif args.command == "run":
-        failed = _train_all(run_dir)
+        failed = _train_all(run_dir, args.force)
         try:
             runner.finish(run_dir)
         finally:  # the hint must come out whatever the steps after training did

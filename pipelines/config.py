@@ -13,10 +13,11 @@ and wrong types are refused with a message that names the field and the allowed 
 from __future__ import annotations
 
 import json
+import math
 import os
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -44,7 +45,8 @@ PLACEMENT_FIELDS = frozenset({
     "profile", "backends", "worker_counts", "repeats", "target_accuracy", "spark_master",
     "ddp_nnodes", "ddp_node_rank", "ddp_rdzv_endpoint", "determined_master", "output_root",
     "mlflow_tracking_uri", "mlflow_experiment", "price_per_worker_hour",
-    "regression_time_threshold", "regression_accuracy_drop",
+    "regression_time_threshold", "regression_accuracy_drop", "regression_baseline_runs",
+    "regression_window_days", "regression_pinned_baseline",
 })
 
 
@@ -67,6 +69,7 @@ class BenchmarkConfig(BaseModel):
     min_text_chars: int = Field(1, ge=1)  # GX bounds on raw review length
     max_text_chars: int = Field(20_000, ge=1)
     min_class_fraction: float = Field(0.4, gt=0, le=0.5)  # GX class-balance bound per label
+    validation_fraction: float = Field(0.1, gt=0, lt=0.5)  # of train, held out (stratified, seeded)
     max_seq_len: int = Field(128, ge=8, le=512)
     tokenizer_source: str = DEFAULT_MODEL  # hub id or local folder with tokenizer files
 
@@ -75,11 +78,16 @@ class BenchmarkConfig(BaseModel):
     backends: list[Backend] = Field(default_factory=lambda: list(Backend), min_length=1)
     worker_counts: list[int] = Field(default_factory=lambda: [1, 2], min_length=1)
     epochs: int = Field(2, ge=1, le=1000)
-    batch_size: int = Field(32, ge=1, le=4096)  # per worker
+    batch_size: int = Field(32, ge=1, le=4096)  # per worker, or global: see batch_policy
+    # per_worker: every worker takes batch_size (the global batch grows with the workers);
+    # global: batch_size is split over the workers (same optimisation at every worker count)
+    batch_policy: Literal["per_worker", "global"] = "per_worker"
+    # the learning rate at 1 worker; scaled with global batch / batch_size (Goyal et al. 2017: linear)
+    lr_scaling: Literal["none", "linear", "sqrt"] = "none"
     learning_rate: float = Field(1e-4, gt=0, lt=1)
     weight_decay: float = Field(0.01, ge=0)
     warmup_ratio: float = Field(0.1, ge=0, lt=1)
-    repeats: int = Field(1, ge=1, le=100)
+    repeats: int = Field(1, ge=1, le=100)  # repeat r trains with seed + r (init and data order)
     threads_per_worker: int = Field(1, ge=1)  # torch intra-op threads per rank on CPU
     target_accuracy: float = Field(0.7, gt=0, le=1)  # for time-to-accuracy
 
@@ -97,6 +105,9 @@ class BenchmarkConfig(BaseModel):
     price_per_worker_hour: float = Field(0.0, ge=0)
     regression_time_threshold: float = Field(0.25, gt=0)  # slowdown fraction that fails
     regression_accuracy_drop: float = Field(0.05, gt=0)  # absolute accuracy drop that fails
+    regression_baseline_runs: int = Field(5, ge=1, le=50)  # K: baseline = median of the last K runs
+    regression_window_days: int = Field(30, ge=1)  # long-term reference: oldest K runs in this window
+    regression_pinned_baseline: str | None = None  # MLflow run id the team pins as long-term reference
 
     @field_validator("worker_counts")
     @classmethod
@@ -129,6 +140,28 @@ class BenchmarkConfig(BaseModel):
             for b in self.backends
             for n in self.worker_counts
         ]
+
+    def for_cell(self, world_size: int, repeat: int) -> "BenchmarkConfig":
+        """The config one cell trains with: seed + repeat, the per-worker batch of the batch
+        policy and the learning rate scaled to the global batch. Stored in the cell's spec."""
+        if self.batch_policy == "global":
+            if self.batch_size % world_size:
+                raise ConfigError(f"batch_size: the global batch {self.batch_size} cannot be split evenly "
+                                  f"over {world_size} workers (batch_policy=global)")
+            per_worker = self.batch_size // world_size
+        else:
+            per_worker = self.batch_size
+        factor = per_worker * world_size / self.batch_size  # global batch vs the 1-worker batch
+        scale = {"none": 1.0, "linear": factor, "sqrt": math.sqrt(factor)}[self.lr_scaling]
+        return self.model_copy(update={"seed": self.seed + repeat, "batch_size": per_worker,
+                                       "learning_rate": self.learning_rate * scale})
+
+    def fingerprint(self) -> str:
+        """sha256 over every field that changes the work or the result (not where it runs, how
+        it is tracked or judged): runs compare only with runs of the same fingerprint."""
+        import hashlib
+
+        return hashlib.sha256(json.dumps(self.training_identity(), sort_keys=True).encode()).hexdigest()[:16]
 
     def to_json(self) -> str:
         return self.model_dump_json(indent=2)

@@ -4,10 +4,12 @@
 ``cells/<backend>-w<N>-r<repeat>/result.json`` and writes ``report/summary.json``
 (``pipelines.summary.RunSummary``):
 
-- per cell: time-to-target-accuracy (MLPerf style: first epoch whose held-out accuracy
-  >= ``config.target_accuracy``, and its training wall time; None if never reached);
-- per (backend, workers): median/min/max over repeats of total and training time,
-  samples/s, test accuracy/macro-F1; scaling efficiency t(1)/(N*t(N)) on training time (fixed
+- per cell: time-to-target-accuracy (MLPerf style: first epoch whose validation accuracy
+  >= ``config.target_accuracy``, and the training-phase time up to it: evaluation and
+  checkpoints excluded; None if never reached); its attempts, lost work and recovery time;
+- per (backend, workers): median/min/max over repeats (repeat r trains with seed + r) of total
+  and training time, samples/s, test accuracy/macro-F1, with a 95 % bootstrap interval of the
+  median (and n) for total time and accuracy; recovery cost of resumed repeats; scaling efficiency t(1)/(N*t(N)) on training time (fixed
   global work; None without a 1-worker cell); overhead vs DDP at the same worker count
   ((t - t_ddp)/t_ddp on total and training time); worker-hours and estimated cost;
 - the failed cells and why (a missing result.json counts as failed "no result").
@@ -27,7 +29,7 @@ import statistics
 from pipelines.config import Backend, BenchmarkConfig
 from pipelines.paths import RunPaths, cell_name
 from pipelines.results import CellResult
-from pipelines.summary import Aggregate, CellRow, FailedCell, Hardware, RunSummary, Stats
+from pipelines.summary import Aggregate, CellRow, FailedCell, Hardware, Interval, RunSummary, Stats
 
 log = logging.getLogger(__name__)
 
@@ -50,12 +52,47 @@ def read_cells(config: BenchmarkConfig, paths: RunPaths) -> dict[tuple[Backend, 
 
 
 def time_to_target(result: CellResult, target: float) -> tuple[int | None, float | None]:
-    """MLPerf style: the first epoch whose held-out accuracy reaches ``target`` and its
-    training wall time since the first step; (None, None) if no epoch reaches it."""
+    """MLPerf style: the first epoch whose validation accuracy reaches ``target`` and the
+    training-phase time up to its end (no evaluation, no checkpoints); (None, None) if none."""
+    spent = 0.0
     for epoch in sorted(result.epochs, key=lambda e: e.epoch):
+        spent += epoch.train_seconds
         if epoch.eval_accuracy >= target:
-            return epoch.epoch, epoch.elapsed_seconds
+            return epoch.epoch, spent
     return None, None
+
+
+def bootstrap_interval(values: list[float], confidence: float = 0.95, resamples: int = 2000) -> Interval:
+    """Percentile bootstrap interval of the median (seeded: the same values give the same
+    interval). One value gives a zero-width interval with n = 1."""
+    import numpy as np
+
+    if not values:
+        return Interval()
+    data = np.asarray(values, dtype=float)
+    rng = np.random.default_rng(0)
+    medians = np.median(data[rng.integers(0, len(data), size=(resamples, len(data)))], axis=1)
+    tail = (1 - confidence) / 2 * 100
+    return Interval(low=float(np.percentile(medians, tail)), high=float(np.percentile(medians, 100 - tail)),
+                    n=len(data))
+
+
+def hardware_class(results: list[CellResult]) -> str:
+    """What makes timings comparable: device kind and count, CPU model and count, hosts."""
+    kinds = sorted({r.device for r in results}) or ["unknown"]
+    gpus = len({d for r in results for d in r.devices if d.startswith("cuda")})
+    return (f"{'+'.join(kinds)}; {gpus} gpu(s); cpu {_cpu_model()} x{os.cpu_count()}; "
+            f"{len({r.host for r in results if r.host}) or 1} host(s)")
+
+
+def _cpu_model() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
 
 
 def _stats(values: list[float]) -> Stats:
@@ -79,7 +116,11 @@ def cell_row(name: str, result: CellResult, target: float) -> CellRow:
         samples_per_second=result.samples_per_second, peak_memory_mb=result.peak_memory_mb,
         test_accuracy=result.test.accuracy if result.test else None,
         test_f1=result.test.f1 if result.test else None, epochs_run=len(result.epochs),
-        time_to_target_epoch=tta_epoch, time_to_target_seconds=tta_seconds,
+        time_to_target_epoch=tta_epoch, time_to_target_seconds=tta_seconds, seed=result.seed,
+        attempts=len(result.attempts), resumed=len(result.attempts) > 1 or result.resumed_from_epoch > 0,
+        lost_seconds=result.lost_seconds, recovery_seconds=result.recovery_seconds,
+        window_start=result.timed_window.start if result.timed_window else None,
+        window_end=result.timed_window.end if result.timed_window else None,
     )
 
 
@@ -96,6 +137,7 @@ def _aggregate(config: BenchmarkConfig, rows: list[CellRow]) -> list[Aggregate]:
 
             tta = col("time_to_target_seconds")
             total = _stats(col("total_seconds"))
+            resumed = [r for r in ok if r.resumed]
             worker_hours = None if total.median is None else workers * total.median / 3600.0
             aggregates.append(Aggregate(
                 key=f"{backend}-w{workers}", backend=backend, workers=workers,
@@ -104,6 +146,11 @@ def _aggregate(config: BenchmarkConfig, rows: list[CellRow]) -> list[Aggregate]:
                 startup_seconds=_stats(col("startup_seconds")),
                 samples_per_second=_stats(col("samples_per_second")),
                 test_accuracy=_stats(col("test_accuracy")), test_f1=_stats(col("test_f1")),
+                total_seconds_ci=bootstrap_interval(col("total_seconds")),
+                test_accuracy_ci=bootstrap_interval(col("test_accuracy")),
+                resumed_cells=len(resumed),
+                recovery_seconds=_stats([r.recovery_seconds for r in resumed]).median,
+                lost_seconds=_stats([r.lost_seconds for r in resumed]).median,
                 peak_memory_mb_max=max(col("peak_memory_mb"), default=None),
                 # median over the repeats that reached the target; how many did is stated beside
                 time_to_target_seconds=_stats(tta).median, reached_target=len(tta),
@@ -163,11 +210,14 @@ def evaluate_run(config: BenchmarkConfig, paths: RunPaths) -> RunSummary:
             failed.append(FailedCell(cell=name, error=result.error or "failed (no error recorded)"))
     ok_results = [r for r in cells.values() if isinstance(r, CellResult) and r.status == "ok"]
     summary = RunSummary(
-        run=paths.root.name, profile=config.profile, status="success" if not failed else "failed",
+        run=paths.root.name, profile=config.profile, fingerprint=config.fingerprint(),
+        batch_policy=config.batch_policy, lr_scaling=config.lr_scaling,
+        status="success" if not failed else "failed",
         target_accuracy=config.target_accuracy, price_per_worker_hour=config.price_per_worker_hour,
         dataset=_manifest(paths),
         model_sources=sorted({r.model_source for r in ok_results if r.model_source}),
         hardware=Hardware(
+            hardware_class=hardware_class(ok_results),
             devices=sorted({r.device for r in ok_results}),
             hosts=sorted({r.host for r in ok_results if r.host}),
             cpu_count=os.cpu_count(),

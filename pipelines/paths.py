@@ -59,6 +59,14 @@ class CellPaths:
     def log(self) -> Path:
         return self.root / "train.log"
 
+    @property
+    def attempts(self) -> Path:  # every attempt of the cell (pipelines.attempts)
+        return self.root / "attempts.json"
+
+    @property
+    def heartbeat(self) -> Path:  # touched by rank 0 while training: a killed attempt's end
+        return self.root / "heartbeat"
+
     def node_log(self, node_rank: int) -> Path:  # multi-node ddp: nodes > 0 log here
         return self.root / f"train-node{node_rank}.log"
 

@@ -32,9 +32,17 @@ log = logging.getLogger(__name__)
 
 TABLE_COLUMNS = [
     "backend", "workers", "repeats ok", "total s (median)", "training s (median)",
-    "samples/s (median)", "test accuracy (median)", "test F1 (median)", "time to target s",
-    "scaling efficiency", "overhead vs ddp (total)", "overhead vs ddp (training)", "est. cost",
+    "total s 95 % CI (n)", "samples/s (median)", "test accuracy (median)", "test accuracy 95 % CI",
+    "test F1 (median)", "time to target s", "scaling efficiency", "overhead vs ddp (total)",
+    "overhead vs ddp (training)", "resumed", "est. cost",
 ]
+
+
+def _interval(ci, kind: str = "num", with_n: bool = False) -> str:
+    if ci.low is None:
+        return "n/a"
+    text = f"{_fmt(ci.low, kind)} - {_fmt(ci.high, kind)}"
+    return f"{text} ({ci.n})" if with_n else text
 
 
 def _fmt(value: Any, kind: str = "num") -> str:
@@ -57,10 +65,11 @@ def table_rows(summary: RunSummary) -> list[list[str]]:
         rows.append([
             a.backend, str(a.workers), f"{a.repeats_ok}/{a.repeats}",
             _fmt(a.total_seconds.median), _fmt(a.training_seconds.median),
-            _fmt(a.samples_per_second.median), _fmt(a.test_accuracy.median, "acc"),
+            _interval(a.total_seconds_ci, with_n=True), _fmt(a.samples_per_second.median),
+            _fmt(a.test_accuracy.median, "acc"), _interval(a.test_accuracy_ci, "acc"),
             _fmt(a.test_f1.median, "acc"), tta_text, _fmt(a.scaling_efficiency, "ratio"),
             _fmt(a.overhead_vs_ddp_total, "pct"), _fmt(a.overhead_vs_ddp_training, "pct"),
-            _fmt(a.estimated_cost, "cost"),
+            f"{a.resumed_cells}/{a.repeats_ok}", _fmt(a.estimated_cost, "cost"),
         ])
     return rows
 
@@ -210,19 +219,54 @@ def _hardware_lines(summary: RunSummary) -> list[str]:
             f"- Versions: {versions}"]
 
 
+def _batch_policy_lines(config: BenchmarkConfig) -> list[str]:
+    if config.batch_policy == "global":
+        batch = (f"- Batch: a fixed global batch of {config.batch_size}, split over the workers: every worker "
+                 "count runs the same optimisation, so accuracies are like for like.")
+    else:
+        batch = (f"- Batch: {config.batch_size} per worker, so the global batch grows with the workers "
+                 f"({config.batch_size} x N): accuracy across worker counts is NOT like for like.")
+    scaling = {"none": "the same learning rate at every worker count",
+               "linear": "the learning rate scaled linearly with the global batch",
+               "sqrt": "the learning rate scaled with the square root of the global batch"}[config.lr_scaling]
+    return [batch, f"- Learning rate: {config.learning_rate} at 1 worker, {scaling} (lr_scaling={config.lr_scaling}).",
+            f"- Repeats: repeat r trains with seed {config.seed} + r (initialisation and data order); "
+            "intervals are 95 % bootstrap intervals of the median over the repeats (n = repeats)."]
+
+
+def _recovery_lines(summary: RunSummary) -> list[str]:
+    """Fault tolerance measured: cells that needed more than one attempt, and what it cost."""
+    resumed = [c for c in summary.cells if c.resumed]
+    if not resumed:
+        return ["No cell needed a second attempt."]
+    lines = [f"- `{c.cell}`: {c.attempts} attempts, {c.lost_seconds:.1f} s of training lost, "
+             f"{c.recovery_seconds:.1f} s from the failure to training again" for c in resumed]
+    by_backend: dict[str, list[float]] = {}
+    for c in resumed:
+        by_backend.setdefault(c.backend, []).append(c.recovery_seconds + c.lost_seconds)
+    lines += [f"- {backend}: recovery cost (lost + recovery) median {sorted(v)[len(v) // 2]:.1f} s over "
+              f"{len(v)} resumed cell(s)" for backend, v in by_backend.items()]
+    return lines
+
+
 def render_markdown(config: BenchmarkConfig, summary: RunSummary, plots: list[Path]) -> str:
     failed = summary.failed
     parts = [
         f"# Distributed training benchmark: {summary.run}",
-        f"Profile `{config.profile}`, {config.epochs} epochs, batch {config.batch_size} per worker, "
-        f"sequence length {config.max_seq_len}, {config.repeats} repeat(s), target accuracy "
-        f"{config.target_accuracy}, price {config.price_per_worker_hour} per worker-hour. "
+        f"Profile `{config.profile}`, {config.epochs} epochs, batch {config.batch_size} "
+        f"({config.batch_policy.replace('_', ' ')}), sequence length {config.max_seq_len}, "
+        f"{config.repeats} repeat(s), target accuracy {config.target_accuracy} (validation split), "
+        f"price {config.price_per_worker_hour} per worker-hour. Config fingerprint `{summary.fingerprint}`. "
         f"Status: **{summary.status}**.",
         "## Comparison", _md_table(TABLE_COLUMNS, table_rows(summary)),
-        "Times are medians over repeats. Scaling efficiency is t(1)/(N*t(N)) on training time "
-        "(fixed global work). Overhead is relative to plain DDP at the same worker count. "
-        "Time to target: training time until the first epoch at or above the target accuracy "
-        "(repeats that reached it in brackets).",
+        "Times are medians over repeats; each cell's times are summed over its attempts, and its timed "
+        "window never overlapped another timed cell on the host. Scaling efficiency is t(1)/(N*t(N)) on "
+        "training time. Overhead is relative to plain DDP at the same worker count. Time to target: "
+        "training-phase time (no evaluation, no checkpoints) until the first epoch at or above the target "
+        "accuracy on the validation split (repeats that reached it in brackets); test accuracy is "
+        "measured once, after training. 'resumed': repeats that needed more than one attempt.",
+        "## Training setup", "\n".join(_batch_policy_lines(config)),
+        "## Fault tolerance (resumed cells)", "\n".join(_recovery_lines(summary)),
         "## Dataset", "\n".join(_dataset_lines(summary, config)),
         "## Model", "\n".join(_model_lines(summary, config)),
         "## Hardware", "\n".join(_hardware_lines(summary)),

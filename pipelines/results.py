@@ -51,6 +51,28 @@ class TestMetrics(BaseModel):
     per_class: list[ClassMetrics] = Field(default_factory=list)
 
 
+class Attempt(BaseModel):
+    """One attempt at a cell (a first run, a retry after a failure or a kill)."""
+
+    attempt: int  # 1-based
+    start: float  # unix time the adapter began (after the host lock)
+    end: float | None = None  # None while running; a killed attempt ends at its last heartbeat
+    outcome: Literal["running", "ok", "failed", "killed"] = "running"
+    error: str | None = None
+    epoch_reached: int = 0  # newest checkpointed epoch when the attempt ended
+    startup_seconds: float | None = None  # attempt start -> first training step (if it got there)
+    lost_seconds: float = 0.0  # training done after the last checkpoint, thrown away by the failure
+    recovery_seconds: float | None = None  # previous attempt's failure -> this attempt's first step
+
+
+class TimedWindow(BaseModel):
+    """The cell's timed part on this host: no other timed cell overlaps it (host lock)."""
+
+    start: float
+    end: float
+    lock_wait_seconds: float = 0.0  # waited for another cell before the window opened
+
+
 class CellResult(BaseModel):
     """One training cell = (backend, world size, repeat)."""
 
@@ -69,7 +91,11 @@ class CellResult(BaseModel):
     max_seq_len: int = 0
     num_labels: int = 2  # classes of the task (from the snapshot manifest)
     batch_size_per_worker: int = 0
-    seed: int = 0
+    global_batch_size: int = 0
+    batch_policy: str = "per_worker"  # see BenchmarkConfig.batch_policy / lr_scaling
+    lr_scaling: str = "none"
+    learning_rate: float = 0.0  # after lr_scaling
+    seed: int = 0  # config seed + repeat
     epochs: list[EpochMetrics] = Field(default_factory=list)
     test: TestMetrics | None = None
     # wall time split (pipelines.training.record): launch -> first step, training phase,
@@ -84,6 +110,13 @@ class CellResult(BaseModel):
     checkpoint_path: str | None = None  # last training checkpoint (model + optimizer + RNG)
     model_path: str | None = None  # trained model, Hugging Face format (save_pretrained)
     resumed_from_epoch: int = 0  # 0 = fresh start
+    # every attempt; the cell's total is their sum; lost work and recovery measure fault tolerance
+    attempts: list[Attempt] = Field(default_factory=list)
+    lost_seconds: float = 0.0
+    recovery_seconds: float = 0.0
+    timed_window: TimedWindow | None = None
+    devices: list[str] = Field(default_factory=list)  # per rank: "cpu:cores 0" or "cuda:0"
+    spark_session: str | None = None  # spark: "fresh" (started for this cell, stopped after it)
     versions: dict[str, str] = Field(default_factory=dict)  # torch, transformers, backend lib
     host: str | None = None
 

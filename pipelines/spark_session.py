@@ -2,7 +2,8 @@
 
 Sets what Spark needs on a single machine (loopback driver, the venv's python for workers)
 and the project root on the workers' PYTHONPATH so ``pipelines`` imports there.
-A session is reused within a process (``getOrCreate``), except that a request for another
+A session is reused within a process (``getOrCreate``) unless ``fresh=True`` (training cells),
+except that a request for another
 master (a ``spark://`` cluster vs ``local[...]``, or another cluster) stops the running one
 first: ``getOrCreate`` would otherwise hand back the old session on the wrong master.
 Local masters count as the same (``local[2]`` serves a ``local[*]`` request).
@@ -34,14 +35,32 @@ def _same_master(running: str, wanted: str) -> bool:
     return running == wanted or (running.startswith("local") and wanted.startswith("local"))
 
 
-def get_spark(master: str = "local[*]", app_name: str = "pipelines", conf: dict[str, str] | None = None):
-    """Build (or reuse) the SparkSession. pyspark is imported here, never at module top."""
+def stop_spark() -> None:
+    """Stop this process's SparkSession (and its JVM-side context), if one runs."""
+    import sys as _sys
+
+    if "pyspark" not in _sys.modules:
+        return
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    if SparkContext._active_spark_context is not None:
+        SparkSession.builder.getOrCreate().stop()
+
+
+def get_spark(master: str = "local[*]", app_name: str = "pipelines", conf: dict[str, str] | None = None,
+              fresh: bool = False):
+    """Build (or reuse) the SparkSession. pyspark is imported here, never at module top.
+
+    ``fresh=True`` stops a running session first: a timed training cell pays the same session
+    start-up under every runner (CLI, ``airflow dags test``, executors, bench).
+    """
     os.environ.update(spark_env())
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
     running = SparkContext._active_spark_context
-    if running is not None and not _same_master(running.master, master):
+    if running is not None and (fresh or not _same_master(running.master, master)):
         SparkSession.builder.getOrCreate().stop()  # the session of the running context
 
     builder = (

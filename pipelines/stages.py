@@ -8,11 +8,12 @@ resolved config from ``<run_dir>/config.json``, so any step can be retried on it
 from __future__ import annotations
 
 import logging
+import shutil
 from pathlib import Path
 from typing import Any
 
 from pipelines.config import Backend, BenchmarkConfig, load_config, read_config, save_config
-from pipelines.paths import RunPaths, safe_run_id
+from pipelines.paths import CellPaths, RunPaths, safe_run_id
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +34,11 @@ def prepare_run(profile: str, overrides: dict[str, Any] | None, run_id: str) -> 
     """
     config = load_config(profile, overrides)
     paths = RunPaths(Path(config.output_root).resolve() / safe_run_id(run_id))
-    if paths.config.exists() and read_config(paths.config) != config:
-        raise FileExistsError(f"{paths.root} already holds a run with a different config")
-    save_config(config, paths.config)
+    if paths.config.exists():  # a retried task: same config, and its time of birth is kept
+        if read_config(paths.config) != config:
+            raise FileExistsError(f"{paths.root} already holds a run with a different config")
+    else:
+        save_config(config, paths.config)
     log.info("run folder %s, config:\n%s", paths.root, config.to_json())
     return str(paths.root)
 
@@ -80,17 +83,39 @@ def planned_cells(run_dir: str) -> list[tuple[Backend, int, int]]:
     return config.cells()
 
 
+def completed_result(cell: CellPaths):
+    """The cell's result if it finished (status ok, last attempt ok), else None."""
+    from pipelines.results import CellResult
+
+    if not cell.result.exists():
+        return None
+    try:
+        result = CellResult.read(cell.result)
+    except ValueError:
+        return None
+    done = result.status == "ok" and (not result.attempts or result.attempts[-1].outcome == "ok")
+    return result if done else None
+
+
 def train_cell(run_dir: str, backend: Backend, workers: int, repeat: int = 0,
-               node_rank: int | None = None) -> dict:
+               node_rank: int | None = None, force: bool = False) -> dict:
     """Train one (backend, workers, repeat) cell; writes cells/<cell>/result.json.
 
-    Resumes from the cell's last checkpoint when it is run again (Airflow retry).
-    ``node_rank`` (multi-node ddp): this machine's rank; every node runs the same cell.
+    A cell that already finished is skipped (its result stands); ``force`` deletes the cell
+    folder and trains it from scratch. An unfinished cell resumes from its last checkpoint
+    (an Airflow retry, ``run --run-dir``). ``node_rank`` (multi-node ddp): this machine's rank;
+    every node runs the same cell.
     """
     from pipelines.backends import run_cell
     from pipelines.tracking import cell_tracking
 
     config, paths = _load(run_dir)
+    cell = paths.cell(backend, workers, repeat)
+    if force:
+        shutil.rmtree(cell.root, ignore_errors=True)
+    elif (done := completed_result(cell)) is not None:
+        log.info("%s already finished (%s): skipped; --force trains it again", cell.name, cell.result)
+        return {"cell": cell.name, "status": done.status, "total_seconds": done.total_seconds, "skipped": True}
     if node_rank is not None:
         config = config.model_copy(update={"ddp_node_rank": node_rank})
     if config.ddp_node_rank > 0:  # node 0 tracks the cell; other nodes only lend processes
@@ -98,8 +123,8 @@ def train_cell(run_dir: str, backend: Backend, workers: int, repeat: int = 0,
     else:
         with cell_tracking(config, paths, backend, workers, repeat):
             result = run_cell(config, paths, backend, workers, repeat)
-    return {"cell": paths.cell(backend, workers, repeat).name, "status": result.status,
-            "total_seconds": result.total_seconds}
+    return {"cell": cell.name, "status": result.status, "total_seconds": result.total_seconds,
+            "skipped": False}
 
 
 def evaluate(run_dir: str) -> dict:

@@ -28,6 +28,14 @@ class Stats(BaseModel):
     max: float | None = None
 
 
+class Interval(BaseModel):
+    """95 % bootstrap interval of the median over repeats (``n`` = repeats it rests on)."""
+
+    low: float | None = None
+    high: float | None = None
+    n: int = 0
+
+
 class CellRow(BaseModel):
     """One cell (backend, workers, repeat); failed cells carry only the first fields + error."""
 
@@ -51,7 +59,14 @@ class CellRow(BaseModel):
     test_f1: float | None = None  # macro-F1
     epochs_run: int | None = None
     time_to_target_epoch: int | None = None
-    time_to_target_seconds: float | None = None
+    time_to_target_seconds: float | None = None  # training-phase time to the target (validation)
+    seed: int | None = None
+    attempts: int = 0
+    resumed: bool = False  # trained over more than one attempt
+    lost_seconds: float = 0.0
+    recovery_seconds: float = 0.0
+    window_start: float | None = None  # the timed window (host lock held)
+    window_end: float | None = None
 
 
 class Aggregate(BaseModel):
@@ -69,6 +84,11 @@ class Aggregate(BaseModel):
     samples_per_second: Stats
     test_accuracy: Stats
     test_f1: Stats
+    total_seconds_ci: Interval = Field(default_factory=Interval)
+    test_accuracy_ci: Interval = Field(default_factory=Interval)
+    resumed_cells: int = 0
+    recovery_seconds: float | None = None  # median over the resumed repeats
+    lost_seconds: float | None = None
     peak_memory_mb_max: float | None = None
     time_to_target_seconds: float | None = None  # median over the repeats that reached it
     reached_target: int = 0
@@ -86,6 +106,7 @@ class FailedCell(BaseModel):
 
 
 class Hardware(BaseModel):
+    hardware_class: str = "unknown"  # device kind and count, CPU model, hosts: runs compare within one
     devices: list[str] = Field(default_factory=list)
     hosts: list[str] = Field(default_factory=list)
     cpu_count: int | None = None
@@ -98,6 +119,9 @@ class RunSummary(BaseModel):
     version: int = SUMMARY_VERSION
     run: str
     profile: str
+    fingerprint: str = ""  # BenchmarkConfig.fingerprint(): runs compare only within one
+    batch_policy: str = "per_worker"
+    lr_scaling: str = "none"
     status: Literal["success", "failed"]
     target_accuracy: float
     price_per_worker_hour: float

@@ -52,6 +52,14 @@ TAG_STATUS = "benchmark.status"  # running | success | failed
 TAG_RUN_DIR = "benchmark.run_dir"
 TAG_REGRESSION = "benchmark.regression"  # set by pipelines.regression
 TAG_LOGGED = "benchmark.logged_sha256"  # hash of what was logged: re-logging is skipped
+TAG_FINGERPRINT = "benchmark.fingerprint"  # BenchmarkConfig.fingerprint(): what the run did
+TAG_HARDWARE = "benchmark.hardware_class"  # where: device kind/count, CPU model, hosts
+TAG_STARTED = "benchmark.started_at"  # when the run folder was made (a re-report keeps it)
+
+
+def run_started_at(paths: RunPaths) -> float:
+    """When the run began: its config.json is written once, by prepare_run."""
+    return paths.config.stat().st_mtime
 
 
 class TrackingUnavailable(RuntimeError):
@@ -199,6 +207,7 @@ def ensure_parent_run(client, config: BenchmarkConfig, paths: RunPaths) -> tuple
         run = client.create_run(exp_id, run_name=paths.root.name, tags={
             TAG_ROLE: "parent", TAG_STATUS: "running", "profile": config.profile,
             TAG_RUN_DIR: str(paths.root.resolve()), "git_commit": commit,
+            TAG_FINGERPRINT: config.fingerprint(), TAG_STARTED: repr(run_started_at(paths)),
             "mlflow.source.git.commit": commit, "host": socket.gethostname(),
         })
         params = json.loads(config.model_dump_json())  # enums and lists as plain JSON
@@ -398,6 +407,9 @@ def log_benchmark(config: BenchmarkConfig, paths: RunPaths) -> dict[str, Any]:
         client.set_tag(parent_id, TAG_LOGGED, sha)
     dataset = summary.dataset or {}
     client.set_tag(parent_id, TAG_STATUS, status)
+    client.set_tag(parent_id, TAG_FINGERPRINT, summary.fingerprint or config.fingerprint())
+    client.set_tag(parent_id, TAG_HARDWARE, summary.hardware.hardware_class)
+    client.set_tag(parent_id, TAG_STARTED, repr(run_started_at(paths)))
     client.set_tag(parent_id, "model_sources", ",".join(summary.model_sources) or "unknown")
     devices = summary.hardware.devices
     client.set_tag(parent_id, "devices", ",".join(devices) or "unknown")

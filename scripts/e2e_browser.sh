@@ -49,14 +49,15 @@ bash "$ROOT/scripts/airflow_setup.sh" > "$ART/airflow_setup.log" 2>&1 \
 
 # Rank 0 stalls after its epoch-1 checkpoint so the driver's SIGKILL lands there (retry test):
 # the loop's epoch-end hook, armed with the test-only fault injection module.
-export PIPELINES_EPOCH_END_HOOK=tests.fault_injection:hold FAULT_HOLD_AFTER_EPOCH=1
+# Two repeats of one cell run at once (2 pool slots): the host lock must serialise their timing.
+export PIPELINES_EPOCH_END_HOOK=tests.fault_injection:hold FAULT_HOLD_AFTER_EPOCH=1 FAULT_HOLD_CELL=ddp-w1-r0
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 airflow standalone > "$ART/airflow.log" 2>&1 &
 AIRFLOW_PID=$!
 
 DATA="$(realpath -m "${SHARED_DATA:-$ROOT/../shared/data}")"
 CONF=$(cat <<EOF
-{"profile": "smoke", "backends": ["ddp"], "worker_counts": [1], "epochs": 2, "repeats": 1,
+{"profile": "smoke", "backends": ["ddp"], "worker_counts": [1], "epochs": 2, "repeats": 2,
  "train_samples": 200, "test_samples": 100, "max_seq_len": 64,
  "dataset_source": "$DATA/imdb", "tokenizer_source": "$DATA/bert-tiny", "model_source": "$DATA/bert-tiny"}
 EOF

@@ -12,19 +12,28 @@ from __future__ import annotations
 import logging
 import os
 import time
+from pathlib import Path
 
 HOOK = "tests.fault_injection:hold"
 HOLD_AFTER_EPOCH_ENV = "FAULT_HOLD_AFTER_EPOCH"
+HOLD_CELL_ENV = "FAULT_HOLD_CELL"  # optional: only this cell folder name holds
 MAX_HOLD_S = 300  # bounded: a missed kill cannot hang a test run forever
 
 
 def hold(epoch: int, rank: int, cell_dir, **_) -> None:
+    only = os.environ.get(HOLD_CELL_ENV)
+    if only and Path(cell_dir).name != only:
+        return
     if rank == 0 and str(epoch) == os.environ.get(HOLD_AFTER_EPOCH_ENV):
         logging.getLogger(__name__).warning("%s=%d: stalling for a test kill", HOLD_AFTER_EPOCH_ENV, epoch)
         time.sleep(MAX_HOLD_S)
 
 
-def env(epoch: int, project_root) -> dict[str, str]:
-    """Environment variables that arm the hold after ``epoch`` (tests importable from anywhere)."""
+def env(epoch: int, project_root, cell: str | None = None) -> dict[str, str]:
+    """Environment variables that arm the hold after ``epoch`` (of ``cell`` only, if given);
+    tests importable from anywhere."""
     pythonpath = os.pathsep.join(p for p in (str(project_root), os.environ.get("PYTHONPATH", "")) if p)
-    return {"PIPELINES_EPOCH_END_HOOK": HOOK, HOLD_AFTER_EPOCH_ENV: str(epoch), "PYTHONPATH": pythonpath}
+    out = {"PIPELINES_EPOCH_END_HOOK": HOOK, HOLD_AFTER_EPOCH_ENV: str(epoch), "PYTHONPATH": pythonpath}
+    if cell:
+        out[HOLD_CELL_ENV] = cell
+    return out

@@ -21,14 +21,15 @@ TRAIN_1W = {"ddp": 14.0, "spark": 14.5, "determined": 15.0}  # training loop, 1 
 
 def make_result(backend: str, workers: int, repeat: int = 0, *, slow: float = 1.0,
                 accuracy_shift: float = 0.0, epochs: int = 2, status: str = "ok",
-                model_source: str = "random_init") -> CellResult:
-    """A plausible CellResult: per-repeat jitter, sub-linear scaling, rising accuracy."""
-    jitter = 1.0 + 0.03 * repeat
+                model_source: str = "random_init", slow_total: float = 1.0) -> CellResult:
+    """A plausible CellResult: per-repeat jitter, sub-linear scaling, rising accuracy.
+    ``slow`` stretches training; ``slow_total`` every phase (start-up and evaluation too)."""
+    jitter = (1.0 + 0.03 * repeat) * slow_total
     training = TRAIN_1W[backend] / workers * (1.0 + 0.2 * (workers - 1)) * jitter * slow
     per_epoch = training / epochs
     accuracies = [min(0.5 + 0.08 * (e + 1) + 0.01 * workers + accuracy_shift, 0.99) for e in range(epochs)]
     samples = 400 * epochs / training
-    evaluation = 1.2
+    evaluation = 1.2 * slow_total
     if status == "failed":
         return CellResult(backend=Backend(backend), world_size=workers, repeat=repeat, status="failed",
                           error=f"{backend}: worker exited with code 1 (synthetic)", host="bench-host")
@@ -37,7 +38,7 @@ def make_result(backend: str, workers: int, repeat: int = 0, *, slow: float = 1.
         model_source=model_source, model_name="bert-tiny", train_samples=400, test_samples=200,
         max_seq_len=64, batch_size_per_worker=16, seed=42,
         epochs=[EpochMetrics(epoch=e + 1, train_loss=0.69 - 0.05 * e, train_accuracy=acc + 0.02,
-                             eval_loss=0.68 - 0.04 * e, eval_accuracy=acc, epoch_seconds=per_epoch,
+                             eval_loss=0.68 - 0.04 * e, eval_accuracy=acc, train_seconds=per_epoch, epoch_seconds=per_epoch,
                              elapsed_seconds=per_epoch * (e + 1), samples_per_second=samples)
                 for e, acc in enumerate(accuracies)],
         test=HeldOutMetrics(accuracy=accuracies[-1] - 0.01, f1=accuracies[-1] - 0.02,

@@ -44,6 +44,13 @@ def test_run_then_rereport_into_a_fresh_store(tmp_path, imdb_dir, bert_tiny_dir)
     assert summary["aggregates"][0]["key"] == "ddp-w1"
     assert (out / "mlflow.db").exists() and not (tmp_path / "mlruns").exists()  # never a cwd store
 
+    # `run --run-dir` on a finished run trains nothing: every cell's result stands
+    before = RunPaths(run_dir).cell("ddp", 1, 0).result.read_bytes()
+    proc = cli("run", "--run-dir", str(run_dir), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "ddp-w1-r0 already finished" in proc.stderr and "skipped" in proc.stderr
+    assert RunPaths(run_dir).cell("ddp", 1, 0).result.read_bytes() == before
+
     # The tracking server is "lost": re-report from the folder alone into a new store.
     fresh = f"sqlite:///{tmp_path / 'fresh.db'}"
     proc = cli("report", str(run_dir), "--tracking-uri", fresh, cwd=tmp_path)

@@ -70,3 +70,24 @@ def test_training_identity_ignores_where_a_cell_runs():
                                   "output_root": "/elsewhere", "mlflow_tracking_uri": "http://m:5000"})
     assert moved.training_identity() == base.training_identity()  # a retry may resume elsewhere
     assert load_config("smoke", {"learning_rate": 3e-4}).training_identity() != base.training_identity()
+
+
+def test_each_cell_gets_its_seed_batch_and_learning_rate(make_config):
+    per_worker = make_config(seed=42, batch_size=16, learning_rate=1e-3, lr_scaling="linear")
+    cell = per_worker.for_cell(world_size=2, repeat=3)
+    assert cell.seed == 45 and cell.batch_size == 16  # global batch 32
+    assert cell.learning_rate == pytest.approx(2e-3)  # linear: x (32 / 16)
+    assert per_worker.for_cell(1, 0).learning_rate == pytest.approx(1e-3)
+
+    fixed = make_config(batch_size=32, batch_policy="global", lr_scaling="sqrt", learning_rate=1e-3)
+    assert fixed.for_cell(2, 0).batch_size == 16 and fixed.for_cell(2, 0).learning_rate == pytest.approx(1e-3)
+    with pytest.raises(ConfigError, match="cannot be split evenly over 3 workers"):
+        fixed.for_cell(3, 0)
+
+
+def test_fingerprint_follows_the_work_not_the_placement(make_config):
+    base = make_config()
+    assert base.fingerprint() == make_config(output_root="/elsewhere", spark_master="spark://h:7077",
+                                             regression_time_threshold=0.5).fingerprint()
+    assert base.fingerprint() != make_config(learning_rate=5e-4).fingerprint()
+    assert base.fingerprint() != make_config(batch_policy="global").fingerprint()

@@ -1,4 +1,5 @@
-"""Regression check against the last successful run of the same profile in a real MLflow store."""
+"""Regression check against baselines of like runs (same config fingerprint and hardware class)
+in a real MLflow store: the median of the last K runs and a long-term reference."""
 
 from __future__ import annotations
 
@@ -85,3 +86,49 @@ def test_slowdown_and_accuracy_drop_fail_naming_cell_and_values(make_config, sto
     assert out["status"] == "passed"
     assert client.get_run(out["baseline_run_id"]).info.run_name == "night-1"
     assert all(0 < c["slowdown"] < 0.25 for c in out["cells"])
+
+
+def test_a_changed_config_never_becomes_the_baseline(make_config, store):
+    config = make_config(backends=["ddp"], worker_counts=[1], mlflow_tracking_uri=store,
+                         mlflow_experiment="regression-fingerprint")
+    _finished_run(config, "night-1")
+    other = make_config(backends=["ddp"], worker_counts=[1], mlflow_tracking_uri=store,
+                        mlflow_experiment="regression-fingerprint", learning_rate=5e-4)  # a manual try
+    assert other.fingerprint() != config.fingerprint()
+    manual, _ = _finished_run(other, "manual-lr", slow=3.0)
+    assert check_regression(other, manual)["status"] == "baseline"  # nothing comparable before it
+    night2, _ = _finished_run(config, "night-2")
+    out = check_regression(config, night2)
+    assert out["status"] == "passed" and out["baseline_runs"] == ["night-1"]  # not the manual run
+
+
+def test_a_slow_creep_fires_against_the_long_term_reference(make_config, store):
+    """+4 % a night for 8 nights (37 % in all): no night is 25 % slower than the median of the
+    last 5, but the last one is 25 % slower than the oldest runs of the window."""
+    config = make_config(backends=["ddp"], worker_counts=[1], mlflow_tracking_uri=store,
+                         mlflow_experiment="regression-creep")
+    verdicts = []
+    for night in range(9):
+        paths, _ = _finished_run(config, f"night-{night}", slow_total=1.04 ** night)
+        try:
+            verdicts.append(check_regression(config, paths)["status"])
+        except RegressionError as err:
+            verdicts.append("failed")
+            message = str(err)
+    assert verdicts[0] == "baseline" and verdicts[-1] == "failed", verdicts
+    assert "long-term reference night-0, night-1, night-2, night-3, night-4" in message
+    out = json.loads((paths.report / "regression.json").read_text())
+    assert out["baseline_runs"] == ["night-3", "night-4", "night-5", "night-6", "night-7"]
+    recent = [c for c in out["cells"] if "median of runs" in c["reference"]][0]
+    assert recent["slowdown"] < 0.25  # night to night it never looked alarming
+
+
+def test_a_re_report_is_not_a_new_run(make_config, store, tmp_path):
+    config = make_config(backends=["ddp"], worker_counts=[1], mlflow_tracking_uri=store,
+                         mlflow_experiment="regression-rereport")
+    old, _ = _finished_run(config, "night-1")
+    _finished_run(config, "night-2")
+    log_benchmark(config, old)  # night-1 logged again (e.g. after a lost store): still the older run
+    night3, _ = _finished_run(config, "night-3")
+    out = check_regression(config, night3)
+    assert out["baseline_runs"] == ["night-1", "night-2"] and out["baseline_run_name"] == "night-2"

@@ -18,17 +18,25 @@ from pipelines.paths import RunPaths
 
 
 def write_token_shards(paths: RunPaths, imdb_dir: Path, tokenizer_dir: Path, *, train_per_class: int,
-                       test_per_class: int, seq_len: int, seed: int,
+                       test_per_class: int, seq_len: int, seed: int, validation_per_class: int = 16,
                        relabel: Callable[[pd.DataFrame], pd.Series] | None = None) -> RunPaths:
-    """``per_class`` reviews of each label per split, shuffled by ``seed``, as one shard each.
+    """``per_class`` reviews of each label per split, shuffled by ``seed``, as one shard each;
+    the validation reviews come from the source's train split, disjoint from the train ones.
 
     ``relabel(frame) -> labels`` replaces the sentiment labels (e.g. a multi-class task).
     """
     splits = {}
-    for split, per_class in (("train", train_per_class), ("test", test_per_class)):
-        frame = pd.read_parquet(Path(imdb_dir) / f"{split}.parquet")
-        frame = pd.concat(g.sample(per_class, random_state=seed) for _, g in frame.groupby("label"))
+    for split, per_class in (("train", train_per_class), ("validation", validation_per_class),
+                             ("test", test_per_class)):
+        source = "test" if split == "test" else "train"
+        frame = pd.read_parquet(Path(imdb_dir) / f"{source}.parquet")
+        frame = pd.concat(g.sample(train_per_class + validation_per_class if source == "train" else per_class,
+                                   random_state=seed) for _, g in frame.groupby("label"))
         frame = frame.sample(frac=1.0, random_state=seed).reset_index(drop=True)
+        if source == "train":  # the first train_per_class of each label train, the rest validate
+            rank = frame.groupby("label").cumcount()
+            frame = frame[rank < train_per_class] if split == "train" else frame[rank >= train_per_class]
+            frame = frame.reset_index(drop=True)
         if relabel is not None:
             frame["label"] = relabel(frame).astype("int64")
         out = paths.token_split(split)

@@ -19,6 +19,7 @@ import logging
 import traceback
 from typing import TYPE_CHECKING
 
+from pipelines import attempts
 from pipelines.config import Backend, BenchmarkConfig
 from pipelines.paths import RunPaths
 from pipelines.results import CellResult
@@ -49,10 +50,11 @@ def run_cell(config: BenchmarkConfig, paths: RunPaths, backend: Backend, workers
     except BaseException as err:  # KeyboardInterrupt / task kill too: record why, then re-raise
         reason = f"{type(err).__name__}: {err}".strip()
         log.error("cell %s failed: %s\n%s", cell.name, reason, traceback.format_exc())
+        history = attempts.read(cell)
         CellResult(backend=backend, world_size=workers, repeat=repeat, status="failed",
                    error=reason[-4000:], model_name=config.model_source,
-                   seed=config.seed, batch_size_per_worker=config.batch_size,
-                   max_seq_len=config.max_seq_len).write(cell.result)
+                   seed=config.seed + repeat, max_seq_len=config.max_seq_len,
+                   attempts=history, **attempts.totals(history)).write(cell.result)
         raise
 
 

@@ -86,10 +86,25 @@ def worker_command(config: BenchmarkConfig, world_size: int, cell_dir: Path, lau
             "-m", module, "--cell-dir", str(cell_dir), "--launch-time", repr(launch_time)]
 
 
-def launch_env(config: BenchmarkConfig, base: Mapping[str, str]) -> dict[str, str]:
+def gpu_count() -> int:
+    """GPUs on this host (nvidia-smi; no torch import in the adapter)."""
+    import shutil
+
+    if not shutil.which("nvidia-smi"):
+        return 0
+    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False)
+    return sum(line.startswith("GPU ") for line in out.stdout.splitlines())
+
+
+def launch_env(config: BenchmarkConfig, base: Mapping[str, str], local_processes: int | None = None,
+               gpus: int | None = None) -> dict[str, str]:
     """Environment of the launched processes (``pipelines`` is installed in the same Python):
-    one thread budget per rank."""
+    one thread budget per rank, and on GPU hosts the cell's own GPUs (CUDA_VISIBLE_DEVICES =
+    the first ``local_processes``; the host lock keeps other timed cells off them)."""
     env = dict(base)
+    gpus = gpu_count() if gpus is None else gpus
+    if gpus and local_processes and "CUDA_VISIBLE_DEVICES" not in env:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(min(gpus, local_processes)))
     env["OMP_NUM_THREADS"] = str(config.threads_per_worker)  # torchrun would force 1 otherwise
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     return env
@@ -164,7 +179,7 @@ class DDPBackend(TrainingBackend):
                  nproc_per_node(config, world_size))
         # cell.json is node 0's: its workers and ours read it only after the rendezvous.
         cmd = worker_command(config, world_size, cell.root, launch_time)
-        execute(cmd, launch_env(config, os.environ), cell.node_log(node))
+        execute(cmd, launch_env(config, os.environ, nproc_per_node(config, world_size)), cell.node_log(node))
         result = wait_for_new_result(cell.result, before, SECONDARY_RESULT_WAIT_S)
         if result.status != "ok":
             raise RuntimeError(f"node 0 reported the cell failed: {result.error}")
@@ -173,7 +188,8 @@ class DDPBackend(TrainingBackend):
 
     def launch(self, spec: CellSpec, launch_time: float) -> None:
         cmd = worker_command(spec.config, spec.world_size, spec.cell_dir, launch_time)
-        execute(cmd, launch_env(spec.config, os.environ), spec.cell.log)
+        env = launch_env(spec.config, os.environ, nproc_per_node(spec.config, spec.world_size))
+        execute(cmd, env, spec.cell.log)
 
     def versions(self) -> dict[str, str]:
         return {"launcher": "torchrun"}

@@ -127,7 +127,7 @@ class DeterminedBackend(TrainingBackend):
         workdir = spec.cell.determined_workdir
         workdir.mkdir(parents=True, exist_ok=True)
         cmd = ddp.worker_command(cfg, spec.world_size, spec.cell_dir, launch_time, module=TRIAL_MODULE)
-        env = ddp.launch_env(cfg, os.environ)
+        env = ddp.launch_env(cfg, os.environ, spec.world_size)
         env["USE_TORCH_DISTRIBUTED"] = "1"
         ddp.execute(cmd, env, spec.cell.log, cwd=workdir)
 

@@ -20,7 +20,7 @@ import time
 from pipelines.backends.base import TrainingBackend
 from pipelines.cell import CellSpec
 from pipelines.config import Backend, BenchmarkConfig
-from pipelines.spark_session import get_spark
+from pipelines.spark_session import get_spark, stop_spark
 from pipelines.training.worker import train_worker
 
 log = logging.getLogger(__name__)
@@ -67,12 +67,20 @@ class SparkBackend(TrainingBackend):
         import torch
         from pyspark.ml.torch.distributor import TorchDistributor
 
-        spark = get_spark(spec.config.spark_master, app_name=f"train-{spec.cell_dir.name}")
-        settings = distributor_settings(spec.config, spec.world_size, torch.cuda.is_available())
-        if not settings["local_mode"]:
-            check_task_slots(spec.world_size, task_slots(spark, spec.world_size), spec.config.spark_master)
-        log.info("TorchDistributor(%s) on %s", settings, spec.config.spark_master)
-        TorchDistributor(**settings).run(train_worker, str(spec.cell_dir), launch_time)
+        # A session of its own, started inside the timed window and stopped after it: the same
+        # start-up cost whoever runs the cell (no reuse of the data stage's or a previous cell's).
+        spark = get_spark(spec.config.spark_master, app_name=f"train-{spec.cell_dir.name}", fresh=True)
+        try:
+            settings = distributor_settings(spec.config, spec.world_size, torch.cuda.is_available())
+            if not settings["local_mode"]:
+                check_task_slots(spec.world_size, task_slots(spark, spec.world_size), spec.config.spark_master)
+            log.info("TorchDistributor(%s) on %s", settings, spec.config.spark_master)
+            TorchDistributor(**settings).run(train_worker, str(spec.cell_dir), launch_time)
+        finally:
+            stop_spark()
+
+    def platform_fields(self) -> dict:
+        return {"spark_session": "fresh"}
 
     def versions(self) -> dict[str, str]:
         import pyspark

@@ -12,7 +12,8 @@ Reads ``config.dataset_source``, which is either
   ``<split>-*.parquet``, ``<split>.csv``, ``<split>.jsonl``, or the original aclImdb tree
   (``<split>/pos/*.txt``, ``<split>/neg/*.txt``; also when nested in ``aclImdb/``).
 
-Writes ``snapshot/{train,test}.parquet`` (text: string, label: int64) and
+Writes ``snapshot/{train,validation,test}.parquet`` (text: string, label: int64; validation is a
+seeded, stratified ``validation_fraction`` carved from the train sample) and
 ``snapshot/manifest.json`` (source, kind, rows per split and label, sha256 of each split's
 content, seed, sample sizes, created_at). Same config -> byte-identical snapshot files.
 
@@ -39,13 +40,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipelines.config import BenchmarkConfig
-from pipelines.data.manifest import observed_labels
+from pipelines.data.manifest import SNAPSHOT_SPLITS, observed_labels
 from pipelines.fileio import atomic_write, atomic_write_json
 from pipelines.paths import PROJECT_ROOT, RunPaths
 
 log = logging.getLogger(__name__)
 
-SPLITS = ("train", "test")
+SPLITS = ("train", "test")  # what a source provides; the snapshot adds validation (SNAPSHOT_SPLITS)
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 HOW_TO = (
     "Provide the data locally: set dataset_source to a folder such as ../shared/data/imdb "
@@ -186,6 +187,21 @@ def sample_split(frame: pd.DataFrame, n: int | None, seed: int, stream: int) -> 
     return frame.iloc[rng.permutation(np.sort(picked))].reset_index(drop=True), stratified
 
 
+def carve_validation(train: pd.DataFrame, fraction: float, seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Split the train sample into (train, validation): a seeded, stratified ``fraction``.
+
+    The validation split is what each epoch is evaluated on and what time-to-target is
+    measured on, so the test split is used once, at the end (no selection on test).
+    """
+    n_val = min(len(train) - 1, max(1, round(len(train) * fraction))) if len(train) > 1 else 0
+    numbered = train.reset_index(drop=True).assign(_row=np.arange(len(train)))
+    picked, _ = sample_split(numbered, n_val, seed, stream=len(SPLITS))  # its own random stream
+    mask = np.zeros(len(train), dtype=bool)
+    mask[picked["_row"].to_numpy()] = True
+    return (numbered[~mask].drop(columns="_row").reset_index(drop=True),
+            picked.drop(columns="_row").reset_index(drop=True))
+
+
 def _normalise(frame: pd.DataFrame) -> pd.DataFrame:
     """Store integral labels as int64 (nullable when nulls exist); leave anything else as is."""
     out = frame.copy()
@@ -221,22 +237,27 @@ def ingest(config: BenchmarkConfig, paths: RunPaths) -> dict:
     kind, resolved, frames = load_source(config.dataset_source)
     paths.snapshot.mkdir(parents=True, exist_ok=True)
     requested = {"train": config.train_samples, "test": config.test_samples}
-    splits = {}
+    samples, facts = {}, {}
     for stream, split in enumerate(SPLITS):
         raw = frames[split]
         sample, stratified = sample_split(raw, requested[split], config.seed, stream)
-        sample = _normalise(sample)
+        samples[split] = _normalise(sample)
         if requested[split] is not None and requested[split] > len(raw):
             log.warning("%s: asked for %d rows, source has %d: taking all", split, requested[split], len(raw))
         if not stratified:
             log.warning("%s: no 'label' column, sample is not stratified", split)
+        facts[split] = {"source_rows": len(raw), "requested_samples": requested[split], "stratified": stratified}
+    samples["train"], samples["validation"] = carve_validation(samples["train"], config.validation_fraction,
+                                                               config.seed)
+    facts["validation"] = {**facts["train"], "carved_from": "train", "fraction": config.validation_fraction}
+    splits = {}
+    for split in SNAPSHOT_SPLITS:
+        sample = samples[split]
         _write_parquet(sample, paths.snapshot_split(split))
         splits[split] = {
-            "file": f"{split}.parquet",
+            "file": paths.snapshot_split(split).name,
             "rows": len(sample),
-            "source_rows": len(raw),
-            "requested_samples": requested[split],
-            "stratified": stratified,
+            **facts[split],
             "columns": [str(c) for c in sample.columns],
             "rows_per_label": _label_counts(sample),
             "sha256": content_hash(sample),
@@ -249,6 +270,7 @@ def ingest(config: BenchmarkConfig, paths: RunPaths) -> dict:
         "seed": config.seed,
         "train_samples": config.train_samples,
         "test_samples": config.test_samples,
+        "validation_fraction": config.validation_fraction,
         "splits": splits,
         # the task: the train split's label set (validate_snapshot checks it is 0..K-1)
         "labels": labels,

@@ -14,6 +14,11 @@ from typing import Any
 from pipelines.paths import RunPaths
 
 
+# The snapshot's splits: validation is carved from train (per-epoch evaluation, time-to-target);
+# test is evaluated once, at the end of training.
+SNAPSHOT_SPLITS = ("train", "validation", "test")
+
+
 class ManifestError(ValueError):
     """The manifest is missing or does not define a usable task; the message says which."""
 

@@ -34,13 +34,13 @@ import uuid
 from pathlib import Path
 
 from pipelines.config import BenchmarkConfig
+from pipelines.data.manifest import SNAPSHOT_SPLITS
 from pipelines.data.validate import require_valid_snapshot
 from pipelines.paths import RunPaths
 from pipelines.spark_session import get_spark
 
 log = logging.getLogger(__name__)
 
-SPLITS = ("train", "test")
 TOKEN_SCHEMA = "input_ids array<int>, attention_mask array<tinyint>, label bigint, row_id bigint"
 
 
@@ -110,10 +110,10 @@ def preprocess(config: BenchmarkConfig, paths: RunPaths) -> dict:
                    "tokenizer_source": config.tokenizer_source}
     try:
         spark_started = time.perf_counter()
-        for split in SPLITS:
+        for split in SNAPSHOT_SPLITS:
             rows = manifest["splits"][split]["rows"]
             shards = max(1, min(rows, spark.sparkContext.defaultParallelism))
-            written = tokenize_split(spark, paths.snapshot / f"{split}.parquet", tmp / split, config, shards)
+            written = tokenize_split(spark, paths.snapshot_split(split), tmp / split, config, shards)
             if written != rows:
                 raise RuntimeError(f"{split}: wrote {written} token rows for {rows} snapshot rows")
             stats["rows"][split] = written
@@ -125,7 +125,7 @@ def preprocess(config: BenchmarkConfig, paths: RunPaths) -> dict:
             seconds=round(time.perf_counter() - started, 3),
             tokenize_seconds=round(tokenize_seconds, 3),
             rows_per_second=round(sum(stats["rows"].values()) / tokenize_seconds, 1),
-            snapshot_sha256={s: manifest["splits"][s]["sha256"] for s in SPLITS},
+            snapshot_sha256={s: manifest["splits"][s]["sha256"] for s in SNAPSHOT_SPLITS},
         )
         (tmp / "preprocess.json").write_text(json.dumps(stats, indent=2))
         if paths.tokens.exists():

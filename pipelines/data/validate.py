@@ -31,13 +31,12 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from pipelines.config import BenchmarkConfig
-from pipelines.data.manifest import ManifestError, read_manifest, task_labels
+from pipelines.data.manifest import SNAPSHOT_SPLITS, ManifestError, read_manifest, task_labels
 from pipelines.fileio import atomic_write_text
 from pipelines.paths import RunPaths
 
 log = logging.getLogger(__name__)
 
-SPLITS = ("train", "test")
 
 
 class DataValidationError(ValueError):
@@ -264,10 +263,10 @@ def validate_snapshot(config: BenchmarkConfig, paths: RunPaths) -> dict:
     manifest = read_manifest(paths)
     labels = expected_labels(manifest)
     paths.validation.mkdir(parents=True, exist_ok=True)
-    frames = {s: pd.read_parquet(paths.snapshot_split(s)) for s in SPLITS}
+    frames = {s: pd.read_parquet(paths.snapshot_split(s)) for s in SNAPSHOT_SPLITS}
     context = _context(paths)
     results = {}
-    for split in SPLITS:
+    for split in SNAPSHOT_SPLITS:
         results[split] = _run_suite(context, paths, "snapshot", split, frames[split],
                                     snapshot_expectations(config, manifest["splits"][split]["rows"], labels))
         # class balance: each of the task's classes holds at least its share of the split
@@ -279,7 +278,7 @@ def validate_snapshot(config: BenchmarkConfig, paths: RunPaths) -> dict:
         log.warning("%d test reviews also appear in train (exact duplicates)", overlap["test_rows_in_train"])
     extra = {
         "train_test_overlap": overlap,
-        "snapshot_sha256": {s: manifest["splits"][s]["sha256"] for s in SPLITS},
+        "snapshot_sha256": {s: manifest["splits"][s]["sha256"] for s in SNAPSHOT_SPLITS},
         "labels": labels,
     }
     return _finish(paths, context, "snapshot", results, extra)
@@ -369,7 +368,7 @@ def validate_tokens(config: BenchmarkConfig, paths: RunPaths) -> dict:
     vocab_size, cls_id = len(tokenizer), tokenizer.cls_token_id
     context = _context(paths)
     results, schemas = {}, {}
-    for split in SPLITS:
+    for split in SNAPSHOT_SPLITS:
         frame, schemas[split] = _token_frame(paths.token_split(split))
         snapshot_labels = pd.read_parquet(paths.snapshot_split(split), columns=["label"])["label"]
         check_order = "label" in frame.columns and len(snapshot_labels) == len(frame)

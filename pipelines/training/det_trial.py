@@ -29,11 +29,12 @@ import determined.pytorch  # noqa: F401  (`import determined` alone does not exp
 import torch
 from determined import pytorch as dtorch
 
+from pipelines import attempts
 from pipelines.cell import CellSpec
 from pipelines.fileio import atomic_write_json
 from pipelines.paths import CellPaths
 from pipelines.training import loop
-from pipelines.training.distributed import DistEnv
+from pipelines.training.distributed import DistEnv, pin_cpu_cores
 from pipelines.training.model import build_model
 from pipelines.training.record import TrainingRecord
 from pipelines.training.worker import setup_logging
@@ -115,9 +116,11 @@ class BenchmarkTrial(dtorch.PyTorchTrial):
         self.spec = CellSpec.read(context.get_hparams()["cell_dir"])
         cfg = self.spec.config
         dist_ctx = context.distributed
-        self.env = DistEnv(dist_ctx.rank, dist_ctx.size, dist_ctx.local_rank, context.device)
+        cores = tuple(sorted(os.sched_getaffinity(0))) if context.device.type == "cpu" else ()
+        self.env = DistEnv(dist_ctx.rank, dist_ctx.size, dist_ctx.local_rank, context.device, cores)
         self.train_set = loop.load_split(self.spec.paths, "train")
         self.test_set = loop.load_split(self.spec.paths, "test")
+        self.validation_set = loop.load_split(self.spec.paths, "validation")
         model, self.model_source = build_model(cfg.model_source, cfg.seed, self.spec.num_labels)
         self.raw_model = model
         self.model = context.wrap_model(model)
@@ -138,7 +141,7 @@ class BenchmarkTrial(dtorch.PyTorchTrial):
         return RepeatingLoader(self.loader, start_epoch=self.record.epochs_done)
 
     def build_validation_data_loader(self):
-        return loop.eval_loader(self.test_set, self.spec.config.batch_size, self.env)
+        return loop.eval_loader(self.validation_set, self.spec.config.batch_size, self.env)
 
     def build_callbacks(self) -> dict:
         return {"epoch_recorder": self.recorder}
@@ -147,6 +150,8 @@ class BenchmarkTrial(dtorch.PyTorchTrial):
         loss, logits, labels = loop.forward(self.model, batch, self.env.device)
         self.context.backward(loss)
         self.context.step_optimizer(self.optimizer)
+        if self.env.is_main and batch_idx % 8 == 0:  # a killed attempt's end
+            attempts.beat(self.spec.cell)
         return {"loss": loss, "accuracy": (logits.argmax(-1) == labels).float().mean()}
 
     def evaluate_batch(self, batch, batch_idx: int) -> dict:
@@ -172,6 +177,9 @@ def main(cell_dir: str, launch_time: float) -> None:
     spec = CellSpec.read(cell_dir)
     cfg = spec.config
     torch.set_num_threads(cfg.threads_per_worker)
+    if not torch.cuda.is_available() and "LOCAL_WORLD_SIZE" in os.environ:  # as the shared loop does
+        pin_cpu_cores(int(os.environ.get("LOCAL_RANK", 0)), int(os.environ["LOCAL_WORLD_SIZE"]),
+                      cfg.threads_per_worker)
     distributed, created_group = None, False
     if det.get_cluster_info() is None:  # local mode under torchrun
         os.environ["USE_TORCH_DISTRIBUTED"] = "1"
@@ -199,7 +207,8 @@ def main(cell_dir: str, launch_time: float) -> None:
                 spec, trial.env, trial.record, launch_time=launch_time, model_source=trial.model_source,
                 test=test, test_seconds=test_seconds, train_samples=len(trial.train_set),
                 test_samples=len(trial.test_set), checkpoint_path=str(ckpt_path) if ckpt_path else None,
-                model_path=loop.export_model(trial.raw_model, spec.cell)), spec)
+                model_path=loop.export_model(trial.raw_model, spec.cell),
+                devices=[trial.env.device_label] * trial.env.world_size), spec)
     if created_group and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
 

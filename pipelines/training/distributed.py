@@ -31,10 +31,29 @@ class DistEnv:
     world_size: int
     local_rank: int
     device: torch.device
+    cores: tuple[int, ...] = ()  # CPU cores this rank is pinned to (CPU hosts)
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    @property
+    def device_label(self) -> str:
+        """What this rank ran on, for the result: ``cuda:0`` or ``cpu:cores 0,1``."""
+        if self.device.type == "cuda":
+            return f"cuda:{self.device.index}"
+        return "cpu:cores " + ",".join(map(str, self.cores)) if self.cores else "cpu"
+
+
+def pin_cpu_cores(local_rank: int, local_world: int, threads: int) -> tuple[int, ...]:
+    """Give each rank of this node its own ``threads`` cores of the allowed set, so ranks (and
+    the host lock's one cell) never share a core; wraps around when cores are short."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2 and local_world == 1:
+        return tuple(allowed)
+    cores = tuple(allowed[(local_rank * threads + i) % len(allowed)] for i in range(threads))
+    os.sched_setaffinity(0, cores)
+    return cores
 
 
 def device_name(device: torch.device) -> str:
@@ -63,15 +82,18 @@ class TorchDistributed:
         """Read RANK / WORLD_SIZE / LOCAL_RANK; join the process group if world > 1."""
         rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
-        if torch.cuda.is_available():
+        cores: tuple[int, ...] = ()
+        if torch.cuda.is_available():  # CUDA_VISIBLE_DEVICES (set per cell) picks the GPUs
             device = torch.device("cuda", local_rank)
             torch.cuda.set_device(device)
         else:
             device = torch.device("cpu")
+            if "LOCAL_WORLD_SIZE" in os.environ:  # started by a launcher (torchrun, Spark, Ray)
+                cores = pin_cpu_cores(local_rank, int(os.environ["LOCAL_WORLD_SIZE"]), torch.get_num_threads())
         if world > 1 and not dist.is_initialized():
             dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
             self.created_group = True
-        return DistEnv(rank, world, local_rank, device)
+        return DistEnv(rank, world, local_rank, device, cores)
 
     def wrap_model(self, model: torch.nn.Module, env: DistEnv) -> torch.nn.Module:
         """The module the training steps call; its parameters must be ``model``'s."""

@@ -3,8 +3,9 @@
 Started through ``pipelines.training.worker`` (torchrun, TorchDistributor); the Determined
 trial reuses its pieces (data, loaders, optimizer, evaluation, result) and its timing record.
 Reads the token shards of the run folder, trains with DistributedSampler + AdamW + linear
-warm-up, all-reduces per-epoch train loss/accuracy, evaluates on the held-out test split each
-epoch, checkpoints every epoch to ``<cell>/checkpoints`` and resumes from the newest one.
+warm-up, all-reduces per-epoch train loss/accuracy, evaluates on the validation split (carved
+from train at ingest) each epoch, checkpoints every epoch to ``<cell>/checkpoints`` and resumes
+from the newest one; the test split is evaluated once, at the end.
 
 Distributed contract: the ``Distributed`` seam (``pipelines.training.distributed``) joins the
 process group and wraps the model; by default torchrun's RANK / LOCAL_RANK / WORLD_SIZE with
@@ -33,6 +34,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset
 
+from pipelines import attempts
 from pipelines.cell import CellSpec
 from pipelines.config import BenchmarkConfig
 from pipelines.data.tokens import read_token_split
@@ -119,6 +121,14 @@ def evaluate(model, loader: DataLoader, device: torch.device, keep_predictions: 
     return loss_sum, correct, count, None, None
 
 
+def worker_devices(env: DistEnv) -> list[str]:
+    """Every rank's device label (``cuda:0``, ``cpu:cores 1``), gathered to every rank."""
+    labels = [env.device_label] * env.world_size
+    if env.world_size > 1:
+        dist.all_gather_object(labels, env.device_label)
+    return labels
+
+
 def final_test(model, test_set: TensorDataset, spec: CellSpec, device: torch.device) -> tuple[TestMetrics, float]:
     """Rank 0: every test row, predictions kept -> classification metrics and its wall time."""
     start = time.perf_counter()
@@ -158,14 +168,17 @@ def export_model(model, cell: CellPaths) -> str:
 
 def worker_result(spec: CellSpec, env: DistEnv, record: TrainingRecord, *, launch_time: float,
                   model_source: str, test: TestMetrics, test_seconds: float, train_samples: int,
-                  test_samples: int, checkpoint_path: str | None, model_path: str | None) -> CellResult:
+                  test_samples: int, checkpoint_path: str | None, model_path: str | None,
+                  devices: list[str]) -> CellResult:
     """Rank 0's result: the same fields, from the same record, under every backend."""
-    cfg = spec.config
+    cfg = spec.config  # the cell's config: seed + repeat, per-worker batch, scaled lr
     return CellResult(
         backend=spec.backend, world_size=env.world_size, repeat=spec.repeat,
         device=device_name(env.device), model_source=model_source, model_name=cfg.model_source,
         train_samples=train_samples, test_samples=test_samples, max_seq_len=cfg.max_seq_len,
-        num_labels=spec.num_labels, batch_size_per_worker=cfg.batch_size, seed=cfg.seed,
+        num_labels=spec.num_labels, batch_size_per_worker=cfg.batch_size,
+        global_batch_size=cfg.batch_size * env.world_size, batch_policy=cfg.batch_policy,
+        lr_scaling=cfg.lr_scaling, learning_rate=cfg.learning_rate, seed=cfg.seed, devices=devices,
         epochs=record.history, test=test, **record.timings(launch_time, test_seconds),
         peak_memory_mb=peak_memory_mb(env.device), checkpoint_path=checkpoint_path,
         model_path=model_path, resumed_from_epoch=record.resumed_from_epoch, versions=versions(),
@@ -218,10 +231,11 @@ def _resume_state(spec: CellSpec, env: DistEnv) -> tuple[dict | None, str | None
 def _train(spec: CellSpec, env: DistEnv, distributed: TorchDistributed, launch_time: float) -> None:
     cfg = spec.config
     train_set, test_set = load_split(spec.paths, "train"), load_split(spec.paths, "test")
+    validation_set = load_split(spec.paths, "validation")  # per-epoch eval, time-to-target
     model, model_source = build_model(cfg.model_source, cfg.seed, spec.num_labels)  # same on every rank
     model.to(env.device)
     loader = distributed.prepare_loader(train_loader(train_set, cfg, env), env)
-    held_out = eval_loader(test_set, cfg.batch_size, env)
+    held_out = eval_loader(validation_set, cfg.batch_size, env)
     steps_per_epoch = len(loader)
     optimizer, scheduler = build_optimizer(model, cfg, steps_per_epoch * cfg.epochs)
     torch.manual_seed(cfg.seed + env.rank)  # dropout stream: distinct per rank, reproducible
@@ -242,7 +256,7 @@ def _train(spec: CellSpec, env: DistEnv, distributed: TorchDistributed, launch_t
     wrapped.train()
     total_steps = steps_per_epoch * (cfg.epochs - start_epoch)
     hook = epoch_end_hook()
-    step_done = 0
+    step_done, last_beat = 0, 0.0
 
     for epoch in range(start_epoch, cfg.epochs):
         loader.sampler.set_epoch(epoch)
@@ -259,6 +273,9 @@ def _train(spec: CellSpec, env: DistEnv, distributed: TorchDistributed, launch_t
                 loss_sum += loss.detach()
                 acc_sum += (logits.argmax(-1) == labels).double().mean()
                 step_done += 1
+                if env.is_main and time.time() - last_beat > 1.0:  # a killed attempt's end
+                    attempts.beat(spec.cell)
+                    last_beat = time.time()
                 if env.is_main and (i + 1) % max(1, steps_per_epoch // 4) == 0:
                     rate = (time.time() - record.first_step) / step_done
                     log.info("epoch %d/%d step %d/%d loss %.4f lr %.2e eta %.0fs", epoch + 1,
@@ -292,6 +309,7 @@ def _train(spec: CellSpec, env: DistEnv, distributed: TorchDistributed, launch_t
         if hook is not None:
             hook(epoch=epoch + 1, rank=env.rank, cell_dir=spec.cell_dir)
 
+    devices = worker_devices(env)
     if not env.is_main:
         return
     test, test_seconds = final_test(model, test_set, spec, env.device)
@@ -299,4 +317,4 @@ def _train(spec: CellSpec, env: DistEnv, distributed: TorchDistributed, launch_t
     write_worker_result(worker_result(
         spec, env, record, launch_time=launch_time, model_source=model_source, test=test,
         test_seconds=test_seconds, train_samples=len(train_set), test_samples=len(test_set),
-        checkpoint_path=checkpoint_path, model_path=export_model(model, spec.cell)), spec)
+        checkpoint_path=checkpoint_path, model_path=export_model(model, spec.cell), devices=devices), spec)

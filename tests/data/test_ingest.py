@@ -25,7 +25,8 @@ def test_real_imdb_snapshot_is_stratified_shuffled_and_hashed(make_config, imdb_
     assert json.loads(paths.manifest.read_text()) == manifest
     assert manifest["source_kind"] == "parquet" and manifest["seed"] == config.seed
     source_train = set(pd.read_parquet(imdb_dir / "train.parquet")["text"])
-    for split, n in (("train", 200), ("test", 100)):
+    # validation: 10 % of the 200 sampled train rows, stratified and seeded; train keeps the rest
+    for split, n in (("train", 180), ("validation", 20), ("test", 100)):
         info = manifest["splits"][split]
         assert info["rows"] == n and info["source_rows"] == 25_000 and info["stratified"]
         assert info["rows_per_label"] == {"0": n // 2, "1": n // 2}
@@ -34,7 +35,10 @@ def test_real_imdb_snapshot_is_stratified_shuffled_and_hashed(make_config, imdb_
         frame = pd.read_parquet(paths.snapshot / f"{split}.parquet")
         assert content_hash(frame) == info["sha256"]
         assert not frame["label"].is_monotonic_increasing  # the label-sorted source was shuffled
-    assert set(pd.read_parquet(paths.snapshot / "train.parquet")["text"]) <= source_train
+    train_texts = set(pd.read_parquet(paths.snapshot / "train.parquet")["text"])
+    validation_texts = set(pd.read_parquet(paths.snapshot / "validation.parquet")["text"])
+    assert train_texts | validation_texts <= source_train and not train_texts & validation_texts
+    assert manifest["splits"]["validation"]["carved_from"] == "train"
 
 
 def test_same_seed_same_bytes_other_seed_other_sample(make_config):
@@ -53,7 +57,7 @@ def test_same_seed_same_bytes_other_seed_other_sample(make_config):
     other = make_config(train_samples=200, test_samples=100, seed=7)
     other_manifest = ingest(other, _run(other, "c"))
     assert other_manifest["splits"]["train"]["sha256"] != first["splits"]["train"]["sha256"]
-    assert other_manifest["splits"]["train"]["rows_per_label"] == {"0": 100, "1": 100}
+    assert other_manifest["splits"]["train"]["rows_per_label"] == {"0": 90, "1": 90}
 
 
 def _write_csv(folder: Path, frames: dict) -> None:
@@ -97,7 +101,9 @@ def test_local_folder_layouts(writer, kind, tmp_path, make_config, real_rows):
     manifest = ingest(config, _run(config))
 
     assert manifest["source_kind"] == kind
-    assert manifest["splits"]["train"]["rows_per_label"] == {"0": 15, "1": 15}
+    sampled = {k: manifest["splits"]["train"]["rows_per_label"][k]
+               + manifest["splits"]["validation"]["rows_per_label"][k] for k in ("0", "1")}
+    assert sampled == {"0": 15, "1": 15}  # train + the validation carved from it
     assert manifest["splits"]["test"]["rows_per_label"] == {"0": 5, "1": 5}
     got = pd.read_parquet(_run(config).snapshot / "train.parquet")
     truth = dict(zip(real_rows["train"]["text"], real_rows["train"]["label"], strict=True))
@@ -108,7 +114,7 @@ def test_local_folder_layouts(writer, kind, tmp_path, make_config, real_rows):
 def test_more_samples_than_rows_takes_all(make_config, write_source):
     config = make_config(dataset_source=str(write_source()), train_samples=1000, test_samples=1000)
     manifest = ingest(config, _run(config))
-    assert manifest["splits"]["train"]["rows"] == 40
+    assert manifest["splits"]["train"]["rows"] + manifest["splits"]["validation"]["rows"] == 40
     assert manifest["splits"]["train"]["requested_samples"] == 1000
 
 
@@ -145,7 +151,7 @@ def test_source_without_label_is_copied_unstratified(make_config, write_source, 
     manifest = ingest(config, _run(config))
     train = manifest["splits"]["train"]
     assert train["stratified"] is False and train["rows_per_label"] is None
-    assert train["columns"] == ["text"] and train["rows"] == 10
+    assert train["columns"] == ["text"] and train["rows"] + manifest["splits"]["validation"]["rows"] == 10
     assert manifest["splits"]["test"]["stratified"] is True
 
 

@@ -73,7 +73,7 @@ def _one_class(rows):
     [
         (_drop_label, ["train: expect_table_columns_to_match_set", "label"]),
         # a stray label 2 makes a 3-class task whose third class is far too rare
-        (_label_two, ["train_classes: expect_column_values_to_be_between on share", "e.g. [0.025]"]),
+        (_label_two, ["train_classes: expect_column_values_to_be_between on share", "e.g. [0.027"]),
         (_null_text, ["test: expect_column_values_to_not_be_null on text", "1 of 40 rows"]),
         (_blank_text, ["train: expect_column_values_to_not_match_regex on text"]),
         (_empty_test, ["test: expect_table_row_count_to_be_between", "observed 0"]),
@@ -148,7 +148,7 @@ def test_failure_lists_every_problem_once_per_split(make_config, write_source, r
         validate_snapshot(config, paths)
     summary = json.loads((paths.validation / "snapshot_summary.json").read_text())
     splits = {f["split"] for f in summary["failures"]}
-    assert splits == {"train", "train_classes", "test", "test_classes"}
+    assert splits == {"train", "train_classes", "validation_classes", "test", "test_classes"}
     assert "train: expect_column_values_to_be_in_set on label" in str(err.value)  # 5 is not in 0..2
     assert len(str(err.value).splitlines()) == len(summary["failures"]) + 2  # header + lines + paths
     assert isinstance(pd.read_json(paths.validation / "snapshot_test.json", typ="series")["results"], list)

@@ -63,10 +63,27 @@ def test_killed_training_is_retried_by_airflow_and_resumes(e2e_results):
     run = e2e_results["dag_run"]
     assert run["killed_training"]["killed_pids"], "no training process was found to kill"
     tries = [t for t in run["train_tries"] if t["state"] == "success"]
-    assert len(tries) == 1 and tries[0]["try_number"] == 2, run["train_tries"]  # 1st try killed
+    # two repeats ran as two mapped instances; the held one (r0) was killed and retried
+    assert sorted(t["try_number"] for t in tries) == [1, 2], run["train_tries"]
     cell = run["cell_result"]
     assert cell["status"] == "ok" and cell["resumed_from_epoch"] == 1  # not from zero
     assert [e["epoch"] for e in cell["epochs"]] == [1, 2]
+    # every attempt counted: the killed one with its checkpointed epoch, the retry with its recovery
+    first, second = cell["attempts"]
+    assert first["outcome"] == "failed" and first["epoch_reached"] == 1 and first["lost_seconds"] >= 0
+    assert second["outcome"] == "ok" and second["recovery_seconds"] > 0
+    total = sum(a["end"] - a["start"] for a in cell["attempts"])
+    assert abs(cell["total_seconds"] - total) < 1e-6 and cell["recovery_seconds"] == second["recovery_seconds"]
+
+
+def test_concurrent_cells_never_share_the_timed_window(e2e_results):
+    """Two repeats were runnable at once (2 pool slots); the host lock serialised them."""
+    cells = e2e_results["dag_run"]["cell_results"]
+    assert set(cells) == {"ddp-w1-r0", "ddp-w1-r1"}
+    windows = sorted((a["start"], a["end"], name) for name, c in cells.items() for a in c["attempts"])
+    for (_, end, before), (start, _, after) in zip(windows, windows[1:]):
+        assert end <= start, f"{before} and {after} were timed at the same time: {windows}"
+    assert any(c["timed_window"]["lock_wait_seconds"] > 1 for c in cells.values())  # one of them waited
 
 
 def test_benchmarks_endpoints_require_login(e2e_results):

@@ -87,13 +87,14 @@ def kill_training_after_epoch_1(run_id: str, timeout: float) -> dict:
     import psutil
 
     root = output_root(run_id)
-    wait_for("the epoch-1 checkpoint", lambda: any(root.glob("cells/*/checkpoints/epoch-0001.pt")), timeout, 1)
+    held = root / "cells" / "ddp-w1-r0" / "checkpoints" / "epoch-0001.pt"  # FAULT_HOLD_CELL's
+    wait_for("the epoch-1 checkpoint", held.exists, timeout, 1)
     victims = [p for p in psutil.process_iter(["cmdline"])
                if any("torch.distributed.run" in part or "pipelines.training.worker" in part
                       for part in (p.info["cmdline"] or []))]
     for proc in victims:
         proc.kill()
-    return {"killed_pids": [p.pid for p in victims], "checkpoint": str(next(root.glob("cells/*/checkpoints/*.pt")))}
+    return {"killed_pids": [p.pid for p in victims], "checkpoint": str(held)}
 
 
 def train_tries(api: httpx.Client, run_id: str) -> list[dict]:
@@ -129,8 +130,9 @@ def run_dag(api: httpx.Client, conf: dict, timeout: float, artifacts: Path, kill
               "killed_training": killed}
     if kill_training:
         result["train_tries"] = train_tries(api, run_id)
-        cell_result = next(output_root(run_id).glob("cells/*/result.json"), None)
-        result["cell_result"] = json.loads(cell_result.read_text()) if cell_result else None
+        cells = sorted(output_root(run_id).glob("cells/*/result.json"))
+        result["cell_results"] = {p.parent.name: json.loads(p.read_text()) for p in cells}
+        result["cell_result"] = result["cell_results"].get("ddp-w1-r0")
     tis = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances", params={"limit": 100}).json()
     result["task_seconds"] = {  # where the run's time goes (skipped train.wN tasks have none)
         f"{ti['task_id']}[{ti['map_index']}]" if ti.get("map_index", -1) >= 0 else ti["task_id"]:
