@@ -1,0 +1,143 @@
+// Trend charts of the Benchmarks page (pipelines/webview.py, template trends.html).
+// Reads the JSON in <script id="trend-data"> (pipelines.trends.trend_series) and draws one
+// Chart.js line chart per metric: one line per cell (backend, strategy, workers), the
+// regression band each run was judged against (shaded), red triangles on regression alarms,
+// red crosses where a cell failed. Clicking a point opens that run; the legend hides a cell
+// (with its band). The charts are kept in window.benchmarkCharts (metric id -> Chart).
+(function () {
+  "use strict";
+  const source = document.getElementById("trend-data");
+  if (!source || typeof Chart === "undefined") return;
+  const data = JSON.parse(source.textContent);
+  const COLORS = { ddp: "#1d4ed8", spark: "#c2410c", determined: "#047857" };
+  const EXTRA = ["#7c3aed", "#0e7490", "#a16207", "#be185d"];
+  const DASHES = [[], [7, 4], [2, 3], [10, 3, 2, 3]];
+  const ALARM = "#d92d20";
+  const labels = data.runs.map((r) => r.started);
+  const backends = [...new Set(data.series.map((s) => s.backend))];
+  const workerCounts = [...new Set(data.series.map((s) => s.workers))].sort((a, b) => a - b);
+
+  function color(s) {
+    return COLORS[s.backend] || EXTRA[backends.indexOf(s.backend) % EXTRA.length];
+  }
+  function alpha(hex, a) {
+    const n = parseInt(hex.slice(1), 16);
+    return `rgba(${n >> 16},${(n >> 8) & 255},${n & 255},${a})`;
+  }
+  function fmt(v, unit) {
+    if (v === null || v === undefined) return "n/a";
+    const digits = Math.abs(v) >= 100 ? 0 : Math.abs(v) >= 10 ? 1 : 2;
+    return `${v.toFixed(digits)}${unit === "%" ? " %" : unit ? " " + unit : ""}`;
+  }
+
+  function datasets(metric) {
+    const out = [];
+    const alarms = [];
+    const failed = [];
+    for (const s of data.series) {
+      const m = s.metrics[metric.id];
+      if (!m) continue;
+      const c = color(s);
+      if (metric.band && m.bands.some((b) => b)) {
+        out.push({ label: `${s.label} band`, _band: s.key, data: m.bands.map((b) => (b ? b[0] : null)),
+                   borderWidth: 0, pointRadius: 0, pointHitRadius: 0, fill: false, spanGaps: false });
+        out.push({ label: `${s.label} band`, _band: s.key, data: m.bands.map((b) => (b ? b[1] : null)),
+                   borderWidth: 0, pointRadius: 0, pointHitRadius: 0, fill: "-1", spanGaps: false,
+                   backgroundColor: alpha(c, 0.13) });
+      }
+      out.push({ label: s.label, _series: s.key, _metric: m, data: m.values, borderColor: c,
+                 backgroundColor: c, borderDash: DASHES[workerCounts.indexOf(s.workers) % DASHES.length],
+                 borderWidth: 2, pointRadius: 3, pointHoverRadius: 6, spanGaps: true, tension: 0 });
+      let last = null;
+      m.values.forEach((v, i) => {
+        if (v !== null) last = v;
+        if (m.alarms[i] && v !== null) alarms.push({ x: labels[i], y: v, _s: s, _i: i });
+        if (m.failed[i]) {
+          const band = m.bands[i];
+          const y = v !== null ? v : last !== null ? last : band ? band[0] : null;
+          if (y !== null) failed.push({ x: labels[i], y: y, _s: s, _i: i, _error: m.failed[i] });
+        }
+      });
+    }
+    out.push({ label: "regression alarm", _marker: "alarm", type: "scatter", data: alarms, pointStyle: "triangle",
+               pointRadius: 9, pointHoverRadius: 11, borderColor: ALARM, backgroundColor: ALARM, borderWidth: 2 });
+    out.push({ label: "failed cell", _marker: "failed", type: "scatter", data: failed, pointStyle: "crossRot",
+               pointRadius: 9, pointHoverRadius: 11, borderColor: ALARM, backgroundColor: ALARM, borderWidth: 3 });
+    return out;
+  }
+
+  function tooltipLabel(ctx) {
+    const ds = ctx.dataset;
+    if (ds._marker === "alarm") {
+      const p = ctx.raw;
+      return `ALARM ${p._s.label}: ${fmt(p.y, ctx.chart._metric.unit)} (beyond the band)`;
+    }
+    if (ds._marker === "failed") return `FAILED ${ctx.raw._s.label}: ${ctx.raw._error}`;
+    const m = ds._metric;
+    let text = `${ds.label}: ${fmt(ctx.parsed.y, ctx.chart._metric.unit)}`;
+    const band = m.bands[ctx.dataIndex];
+    if (band) text += ` (band ${fmt(band[0], ctx.chart._metric.unit)} to ${fmt(band[1], ctx.chart._metric.unit)})`;
+    return text;
+  }
+
+  function runIndex(ctx) {
+    const raw = ctx.raw;
+    return raw && raw._i !== undefined ? raw._i : ctx.dataIndex;
+  }
+
+  window.benchmarkCharts = {};
+  for (const metric of data.metrics) {
+    const canvas = document.getElementById(`chart-${metric.id}`);
+    if (!canvas) continue;
+    const chart = new Chart(canvas, {
+      type: "line",
+      data: { labels: labels, datasets: datasets(metric) },
+      options: {
+        animation: false, responsive: true, maintainAspectRatio: false,
+        interaction: { mode: "nearest", intersect: true },
+        scales: {
+          x: { title: { display: true, text: "run start (UTC), one point per run" },
+               ticks: { maxRotation: 0, autoSkip: true, autoSkipPadding: 12 } },
+          y: { title: { display: true, text: metric.y_label }, beginAtZero: metric.id === "overhead_vs_ddp_total" },
+        },
+        plugins: {
+          legend: {
+            labels: { filter: (item, chartData) => !chartData.datasets[item.datasetIndex]._band,
+                      usePointStyle: true, boxHeight: 8 },
+            onClick: (event, item, legend) => {
+              const chart = legend.chart;
+              const key = chart.data.datasets[item.datasetIndex]._series;
+              chart.data.datasets.forEach((ds, i) => {
+                if (i === item.datasetIndex || (key && ds._band === key)) {
+                  chart.setDatasetVisibility(i, !chart.isDatasetVisible(i));
+                }
+              });
+              chart.update();
+            },
+          },
+          tooltip: {
+            filter: (item) => !item.dataset._band,
+            callbacks: {
+              title: (items) => {
+                if (!items.length) return "";
+                const run = data.runs[runIndex(items[0])];
+                const check = run.regression ? `; regression check ${run.regression}` : "";
+                return `${run.run_id} (${run.started} UTC${check})`;
+              },
+              label: tooltipLabel,
+            },
+          },
+        },
+        onClick: (event, elements, chart) => {
+          const hit = elements.find((e) => !chart.data.datasets[e.datasetIndex]._band);
+          if (!hit) return;
+          const ds = chart.data.datasets[hit.datasetIndex];
+          const i = ds._marker ? ds.data[hit.index]._i : hit.index;
+          window.location.href = `runs?run=${encodeURIComponent(data.runs[i].run_id)}`;
+        },
+      },
+    });
+    chart._metric = metric;
+    window.benchmarkCharts[metric.id] = chart;
+  }
+})();
