@@ -252,8 +252,11 @@ def render_trends(root: Path, profile: str | None = None, window: str = DEFAULT_
     for r in runs:
         counts[r.profile] = counts.get(r.profile, 0) + 1
     ui = _airflow_ui_url()
+    from pipelines.config import PROFILES
+
+    profiles = list(PROFILES) + sorted(set(counts) - set(PROFILES))
     return _templates().get_template("trends.html").render(
-        view="trends", root=root, **data, profiles=sorted(counts), counts=counts,
+        view="trends", root=root, **data, profiles=profiles, counts=counts,
         windows=list(WINDOW_LABELS.items()), window_label=WINDOW_LABELS[data["window"]],
         newest=mine[0] if mine else None,
         window_runs=[r for r in mine if r.run_id in shown],

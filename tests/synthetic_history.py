@@ -28,6 +28,11 @@ from tests.synthetic_results import make_result
 DAG_ID = "imdb_benchmark"
 
 
+def _parent_id(run_name: str) -> str:
+    """A stand-in for the MLflow parent run id of a run folder (stable, 16 hex digits)."""
+    return hashlib.sha1(run_name.encode()).hexdigest()[:16]
+
+
 def _regression_file(config, paths: RunPaths, summary: dict, baseline: tuple[str, dict] | None) -> dict:
     """What pipelines.regression.check_regression writes, with the baseline from the folders."""
     out = {"profile": config.profile, "tracking_uri": config.resolved_tracking_uri(),
@@ -39,8 +44,9 @@ def _regression_file(config, paths: RunPaths, summary: dict, baseline: tuple[str
     else:
         name, metrics = baseline
         cells, regressions = compare(config, summary, metrics)
-        against = f"baseline run {name} (mlflow-{name[-12:]})"
-        out.update(status="failed" if regressions else "passed", baseline_run_id=f"mlflow-{name[-12:]}",
+        parent = _parent_id(name)
+        against = f"baseline run {name} ({parent})"
+        out.update(status="failed" if regressions else "passed", baseline_run_id=parent,
                    baseline_run_name=name, cells=cells, regressions=regressions,
                    message=(f"regression against {against}: " + "; ".join(regressions)) if regressions
                    else f"no regression against {against}")
@@ -51,17 +57,18 @@ def _regression_file(config, paths: RunPaths, summary: dict, baseline: tuple[str
 def write_history(root: Path, nights: int, profile: str = "nightly", *, now: datetime | None = None,
                   backends=("ddp", "spark", "determined"), worker_counts=(1, 2), repeats: int = 1,
                   slow_nights: dict[int, float] | None = None, failed_nights: dict[int, str] | None = None,
-                  drift: float = 0.004) -> list[RunPaths]:
+                  config_changes: dict[int, dict] | None = None, drift: float = 0.004) -> list[RunPaths]:
     """``nights`` run folders of ``profile`` under ``root``, one a night at 02:00 UTC up to ``now``.
 
     Spark gets ``drift`` slower every night (a creeping overhead); ``slow_nights`` {night: factor}
     makes DDP that much slower that night (an upgrade that regressed); ``failed_nights``
-    {night: cell} fails that cell (e.g. "spark-w2-r0").
+    {night: cell} fails that cell (e.g. "spark-w2-r0"); ``config_changes`` {night: {field: value}}
+    changes config fields from that night on.
     """
     now = now or datetime.now(timezone.utc)
     slow_nights, failed_nights = slow_nights or {}, failed_nights or {}
-    config = load_config(profile, {"output_root": str(root), "backends": list(backends),
-                                   "worker_counts": list(worker_counts), "repeats": repeats})
+    fields = {"output_root": str(root), "backends": list(backends), "worker_counts": list(worker_counts),
+              "repeats": repeats}
     last_night = now.replace(hour=2, minute=0, second=0, microsecond=0)
     if last_night > now:
         last_night -= timedelta(days=1)
@@ -71,6 +78,8 @@ def write_history(root: Path, nights: int, profile: str = "nightly", *, now: dat
         started = last_night - timedelta(days=nights - 1 - night)
         dag_run_id = f"scheduled__{started.isoformat()}"
         paths = RunPaths(root / safe_run_id(dag_run_id))
+        fields.update((config_changes or {}).get(night, {}))
+        config = load_config(profile, fields)
         save_config(config, paths.config)
         for backend, workers, repeat in config.cells():
             slow = 1.0 + (drift * night if backend.value == "spark" else 0.0)
@@ -85,9 +94,8 @@ def write_history(root: Path, nights: int, profile: str = "nightly", *, now: dat
         regression = _regression_file(config, paths, summary, baseline)
         if summary["status"] == "success" and regression["status"] != "failed":
             baseline = (paths.root.name, summary_metrics(summary))
-        parent = hashlib.sha1(paths.root.name.encode()).hexdigest()[:16]
         (paths.root / "mlflow.json").write_text(json.dumps(
-            {config.resolved_tracking_uri(): {"experiment_id": "1", "parent_run_id": parent}}))
+            {config.resolved_tracking_uri(): {"experiment_id": "1", "parent_run_id": _parent_id(paths.root.name)}}))
         record_dag_run(paths.root, DAG_ID, dag_run_id, started)
         stamp = started.timestamp()
         os.utime(paths.config, (stamp, stamp))

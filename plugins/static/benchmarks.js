@@ -11,7 +11,8 @@
   const data = JSON.parse(source.textContent);
   const COLORS = { ddp: "#1d4ed8", spark: "#c2410c", determined: "#047857" };
   const EXTRA = ["#7c3aed", "#0e7490", "#a16207", "#be185d"];
-  const DASHES = [[], [7, 4], [2, 3], [10, 3, 2, 3]];
+  const DASHES = [[], [7, 4], [2, 3], [10, 3, 2, 3]];  // by worker count, like the point styles
+  const POINTS = ["circle", "rect", "rectRot", "star"];
   const ALARM = "#d92d20";
   const labels = data.runs.map((r) => r.started);
   const backends = [...new Set(data.series.map((s) => s.backend))];
@@ -38,16 +39,20 @@
       const m = s.metrics[metric.id];
       if (!m) continue;
       const c = color(s);
+      const w = workerCounts.indexOf(s.workers);
       if (metric.band && m.bands.some((b) => b)) {
+        // Focused on one or two cells: a shaded band. All cells: its edges dotted, barely shaded.
+        const focused = data.series.length <= 2;
+        const edge = { borderWidth: focused ? 0 : 1, borderDash: [2, 3], borderColor: alpha(c, 0.55),
+                       pointRadius: 0, pointHitRadius: 0, spanGaps: false };
         out.push({ label: `${s.label} band`, _band: s.key, data: m.bands.map((b) => (b ? b[0] : null)),
-                   borderWidth: 0, pointRadius: 0, pointHitRadius: 0, fill: false, spanGaps: false });
+                   fill: false, ...edge });
         out.push({ label: `${s.label} band`, _band: s.key, data: m.bands.map((b) => (b ? b[1] : null)),
-                   borderWidth: 0, pointRadius: 0, pointHitRadius: 0, fill: "-1", spanGaps: false,
-                   backgroundColor: alpha(c, 0.13) });
+                   fill: "-1", backgroundColor: alpha(c, focused ? 0.18 : 0.035), ...edge });
       }
       out.push({ label: s.label, _series: s.key, _metric: m, data: m.values, borderColor: c,
-                 backgroundColor: c, borderDash: DASHES[workerCounts.indexOf(s.workers) % DASHES.length],
-                 borderWidth: 2, pointRadius: 3, pointHoverRadius: 6, spanGaps: true, tension: 0 });
+                 backgroundColor: c, borderDash: DASHES[w % DASHES.length], pointStyle: POINTS[w % POINTS.length],
+                 borderWidth: 2, pointRadius: 3.5, pointHoverRadius: 6, spanGaps: true, tension: 0 });
       let last = null;
       m.values.forEach((v, i) => {
         if (v !== null) last = v;
@@ -66,31 +71,53 @@
     return out;
   }
 
-  function tooltipLabel(ctx) {
+  const tooltipLabel = (metric) => (ctx) => {
+    const unit = metric.unit;
     const ds = ctx.dataset;
     if (ds._marker === "alarm") {
       const p = ctx.raw;
-      return `ALARM ${p._s.label}: ${fmt(p.y, ctx.chart._metric.unit)} (beyond the band)`;
+      return `ALARM ${p._s.label}: ${fmt(p.y, unit)} (beyond the band)`;
     }
     if (ds._marker === "failed") return `FAILED ${ctx.raw._s.label}: ${ctx.raw._error}`;
     const m = ds._metric;
-    let text = `${ds.label}: ${fmt(ctx.parsed.y, ctx.chart._metric.unit)}`;
+    let text = `${ds.label}: ${fmt(ctx.parsed.y, unit)}`;
     const band = m.bands[ctx.dataIndex];
-    if (band) text += ` (band ${fmt(band[0], ctx.chart._metric.unit)} to ${fmt(band[1], ctx.chart._metric.unit)})`;
+    if (band) text += ` (band ${fmt(band[0], unit)} to ${fmt(band[1], unit)})`;
     return text;
-  }
+  };
 
   function runIndex(ctx) {
     const raw = ctx.raw;
     return raw && raw._i !== undefined ? raw._i : ctx.dataIndex;
   }
 
+  // An empty chart says why instead of showing bare axes.
+  const emptyNote = (metric) => ({
+    id: "emptyNote",
+    afterDraw(chart) {
+      const lines = chart.data.datasets.filter((d) => d._series);
+      if (lines.some((d) => d.data.some((v) => v !== null))) return;
+      const { ctx, chartArea: a } = chart;
+      const text = metric.id === "overhead_vs_ddp_total" && data.series.every((s) => s.backend === "ddp")
+        ? "DDP is the reference (0 %): choose another backend's cell"
+        : "no values for the chosen cells in this window";
+      ctx.save();
+      ctx.fillStyle = "#616e7c";
+      ctx.font = "14px system-ui, sans-serif";
+      ctx.textAlign = "center";
+      ctx.fillText(text, (a.left + a.right) / 2, (a.top + a.bottom) / 2);
+      ctx.restore();
+    },
+  });
+
   window.benchmarkCharts = {};
   for (const metric of data.metrics) {
     const canvas = document.getElementById(`chart-${metric.id}`);
     if (!canvas) continue;
+
     const chart = new Chart(canvas, {
       type: "line",
+      plugins: [emptyNote(metric)],
       data: { labels: labels, datasets: datasets(metric) },
       options: {
         animation: false, responsive: true, maintainAspectRatio: false,
@@ -102,8 +129,10 @@
         },
         plugins: {
           legend: {
-            labels: { filter: (item, chartData) => !chartData.datasets[item.datasetIndex]._band,
-                      usePointStyle: true, boxHeight: 8 },
+            labels: { filter: (item, chartData) => {
+                        const ds = chartData.datasets[item.datasetIndex];
+                        return !ds._band && !(ds._marker && ds.data.length === 0);  // no empty markers
+                      }, usePointStyle: true, boxHeight: 8 },
             onClick: (event, item, legend) => {
               const chart = legend.chart;
               const key = chart.data.datasets[item.datasetIndex]._series;
@@ -124,7 +153,7 @@
                 const check = run.regression ? `; regression check ${run.regression}` : "";
                 return `${run.run_id} (${run.started} UTC${check})`;
               },
-              label: tooltipLabel,
+              label: tooltipLabel(metric),
             },
           },
         },
@@ -137,7 +166,6 @@
         },
       },
     });
-    chart._metric = metric;
     window.benchmarkCharts[metric.id] = chart;
   }
 })();
