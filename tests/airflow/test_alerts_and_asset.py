@@ -26,7 +26,25 @@ from pipelines.paths import safe_run_id
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.slow
+
+def test_dag_wires_the_alert_notifier_and_the_asset():
+    """In-process: which tasks notify and which one publishes the asset (no run)."""
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.providers.smtp.notifications.smtp import SmtpNotifier
+
+    dag = DagBag(dag_folder=str(PROJECT_ROOT / "dags")).dags["imdb_benchmark"]
+    for task_id, task in dag.task_dict.items():
+        callbacks = task.on_failure_callback or []
+        if task_id in ("evaluate", "check_regression"):
+            [notifier] = callbacks
+            assert isinstance(notifier, SmtpNotifier) and notifier.smtp_conn_id == "benchmark_alerts"
+            assert "benchmark_alert(ti, exception)" in notifier.subject
+        else:
+            assert not callbacks, task_id
+        outlets = [(a.name, a.uri) for a in task.outlets]
+        assert outlets == ([("imdb_benchmark_summary", "x-benchmark://imdb_benchmark/summary")]
+                           if task_id == "track" else []), task_id
+    assert "benchmark_alert" in dag.user_defined_macros
 
 
 class Inbox:
@@ -76,6 +94,7 @@ def _body(message) -> str:
     return part.get_content() if part is not None else message.get_content()
 
 
+@pytest.mark.slow
 def test_regression_alarm_mails_through_airflow_and_the_asset_event_is_emitted(
         airflow_home, tmp_path, imdb_dir, bert_tiny_dir, smtp_server):
     home, env = airflow_home
