@@ -167,7 +167,8 @@ def _regression(data: dict[str, Any] | None) -> dict[str, Any] | None:
             "cells": cells}
 
 
-def _started(run_dir: Path, files: RunFiles) -> datetime:
+def run_started(run_dir: Path, files: RunFiles) -> datetime:
+    """When the run started: airflow.json's time, else config.json's mtime (CLI runs)."""
     try:
         return datetime.fromisoformat(files.dag_run["started"])  # type: ignore[index]
     except (TypeError, KeyError, ValueError):
@@ -178,7 +179,7 @@ def load_record(run_dir: Path) -> RunRecord:
     files = read_run_files(run_dir)
     summary = files.summary if isinstance(files.summary, dict) else None
     record = RunRecord(run_id=run_dir.name, root=run_dir, profile=str(files.config.get("profile", "?")),
-                       started=_started(run_dir, files), config=files.config, mlflow=files.mlflow,
+                       started=run_started(run_dir, files), config=files.config, mlflow=files.mlflow,
                        dag_run=files.dag_run, regression=_regression(files.regression),
                        errors=files.errors)
     if summary is None:

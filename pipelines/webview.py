@@ -32,14 +32,15 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
 
 from pipelines.paths import RunPaths
 from pipelines.trends import (WINDOWS, RunIndex, RunRecord, compare_runs, dag_run_link,
-                              latest_per_profile, mlflow_links, read_run_files, trend_series)
+                              latest_per_profile, mlflow_links, read_run_files, run_started,
+                              trend_series)
 
 __all__ = ["create_app", "list_runs", "load_run", "mlflow_links", "render_page", "render_trends",
            "render_compare", "report_file", "latest_per_profile"]
@@ -111,7 +112,7 @@ def load_run(root: Path) -> RunInfo:
                    mlflow=files.mlflow, regression=files.regression, dag_run=files.dag_run,
                    errors=files.errors)
     info.profile = str(info.config.get("profile", "?"))
-    info.started = datetime.fromtimestamp(paths.config.stat().st_mtime, tz=timezone.utc)
+    info.started = run_started(root, files)
     info.cells = [_cell_row(name, data) for name, data in files.cells.items()]
     if paths.report.is_dir():
         info.plots = sorted(p.name for p in paths.report.glob("*.png"))

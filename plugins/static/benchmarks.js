@@ -123,7 +123,7 @@
         animation: false, responsive: true, maintainAspectRatio: false,
         interaction: { mode: "nearest", intersect: true },
         scales: {
-          x: { title: { display: true, text: "run start (UTC), one point per run" },
+          x: { title: { display: true, text: "run start (UTC), one point per run" }, offset: labels.length < 3,
                ticks: { maxRotation: 0, autoSkip: true, autoSkipPadding: 12 } },
           y: { title: { display: true, text: metric.y_label }, beginAtZero: metric.id === "overhead_vs_ddp_total" },
         },
