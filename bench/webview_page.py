@@ -9,11 +9,12 @@ from the real evaluation, regression.json from the real comparison, mlflow.json,
 serves the page's FastAPI app (pipelines.webview) with uvicorn on 127.0.0.1 and times GET
 requests over HTTP: the first one (cold: the run index reads every folder) and the median of
 ``--repeat`` more (warm: nothing changed, nothing re-read), for the trends view (30 days and
-all runs), the run view and the comparison. With Debian's chromium (unless --no-browser), it
-also times a full page load of the trends view in headless Chromium until all four charts
-are drawn. Prints one line per figure and the verdict against the 1-s budget; exit status 1
-when a warm page takes longer. The auth dependency is a no-op here (the page's own cost is
-measured; Airflow's login adds a JWT check).
+all runs), the run view and the comparison: the page time, budgeted at 1 s. With Debian's
+chromium (unless --no-browser), it also times a full page load of the trends view in headless
+Chromium until all four charts are drawn (reported, not budgeted: it is mostly Chromium's
+drawing on a CPU this machine shares). Prints one line per figure, the load average, and
+the verdict; exit status 1 when a page (cold or warm) takes longer than the budget. The auth
+dependency is a no-op here (the page's own cost is measured; Airflow's login adds a JWT check).
 """
 
 from __future__ import annotations
@@ -115,6 +116,7 @@ def main() -> int:
                 cold = ""
                 if label.startswith("trends, last"):
                     seconds, _ = _time_get(client, url)
+                    worst = max(worst, seconds)
                     cold = f"cold (index reads {args.runs} folders) {seconds * 1000:.0f} ms, "
                 samples = [_time_get(client, url) for _ in range(args.repeat)]
                 median = statistics.median(s for s, _ in samples)
@@ -124,7 +126,6 @@ def main() -> int:
         if not args.no_browser and shutil.which(os.environ.get("CHROMIUM", "chromium")):
             for label, url in views[:2]:
                 seconds = _browser_load(base, url)
-                worst = max(worst, seconds)
                 print(f"browser load until 4 charts drawn, {label}: {seconds * 1000:.0f} ms (median of 3)")
     finally:
         server.should_exit = True
@@ -132,7 +133,9 @@ def main() -> int:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     verdict = "within" if worst <= BUDGET_S else "OVER"
-    print(f"slowest warm figure {worst * 1000:.0f} ms: {verdict} the {BUDGET_S:.0f}-s budget")
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"slowest page time {worst * 1000:.0f} ms: {verdict} the {BUDGET_S:.0f}-s budget "
+          f"(load average {load} on {os.cpu_count()} cores)")
     return 0 if worst <= BUDGET_S else 1
 
 

@@ -282,7 +282,10 @@ def trend_series(runs: list[RunRecord], profile: str, window_days: int | None = 
     """Per (backend, strategy, workers): each metric over the profile's evaluated runs, oldest first,
     with the regression band each run was judged against, its alarms and failed cells.
 
-    Values are aligned with ``runs`` (None where a run has no value for that cell)."""
+    Per series and metric: ``values`` aligned with ``runs`` (None where a run has no value, 5
+    significant digits); ``bands`` ([low, high] or None per run; total time and accuracy only);
+    ``alarms``: indices of the runs whose regression check alarmed on it; ``failed``: run index ->
+    error of the cell's failed repeats. Compact on purpose: 200 runs are ~0.1 MB of JSON."""
     now = now or datetime.now(timezone.utc)
     since = now - timedelta(days=window_days) if window_days else None
     chosen = [r for r in runs if r.profile == profile and r.status is not None
@@ -302,18 +305,21 @@ def trend_series(runs: list[RunRecord], profile: str, window_days: int | None = 
         for metric, _, _, _, scale, band_kind in METRICS:
             if metric == "overhead_vs_ddp_total" and agg0["backend"] == "ddp":
                 continue  # DDP is the reference: always 0
-            values, bands, alarms, failed = [], [], [], []
-            for run in chosen:
-                agg = run.aggregates.get(key) or {}
-                value = agg.get(metric)
-                values.append(None if value is None else value * scale)
-                bands.append(_band(metric, band_kind, scale, run.regression, key))
-                cell = (run.regression or {}).get("cells", {}).get(key, {})
-                kind = {"total_seconds": "time", "test_accuracy": "accuracy"}.get(metric)
-                alarms.append(bool(kind and kind in cell.get("alarms", [])))
-                errs = [f["error"] for f in run.failed if f["key"] == key]
-                failed.append("; ".join(e[:200] for e in errs) or None)
-            out["metrics"][metric] = {"values": values, "bands": bands, "alarms": alarms, "failed": failed}
+            values, bands, alarms, failed = [], [], [], {}
+            kind = {"total_seconds": "time", "test_accuracy": "accuracy"}.get(metric)
+            for i, run in enumerate(chosen):
+                value = (run.aggregates.get(key) or {}).get(metric)
+                values.append(None if value is None else float(f"{value * scale:.5g}"))
+                if band_kind:
+                    band = _band(metric, band_kind, scale, run.regression, key)
+                    bands.append(band and [float(f"{b:.5g}") for b in band])
+                if kind and kind in (run.regression or {}).get("cells", {}).get(key, {}).get("alarms", []):
+                    alarms.append(i)
+                errors = [f["error"][:200] for f in run.failed if f["key"] == key]
+                if errors:
+                    failed[i] = "; ".join(errors)
+            out["metrics"][metric] = {"values": values, "alarms": alarms, "failed": failed,
+                                      **({"bands": bands} if band_kind else {})}
         series.append(out)
     return {
         "profile": profile, "window_days": window_days,

@@ -15,6 +15,7 @@
   const POINTS = ["circle", "rect", "rectRot", "star"];
   const ALARM = "#d92d20";
   const labels = data.runs.map((r) => r.started);
+  const dense = labels.length > 60;  // many runs: plain lines (points cost the most to draw)
   const backends = [...new Set(data.series.map((s) => s.backend))];
   const workerCounts = [...new Set(data.series.map((s) => s.workers))].sort((a, b) => a - b);
 
@@ -40,29 +41,31 @@
       if (!m) continue;
       const c = color(s);
       const w = workerCounts.indexOf(s.workers);
-      if (metric.band && m.bands.some((b) => b)) {
+      const bands = m.bands || [];
+      if (metric.band && bands.some((b) => b)) {
         // Focused on one or two cells: a shaded band. All cells: its edges dotted, barely shaded.
         const focused = data.series.length <= 2;
         const edge = { borderWidth: focused ? 0 : 1, borderDash: [2, 3], borderColor: alpha(c, 0.55),
                        pointRadius: 0, pointHitRadius: 0, spanGaps: false };
-        out.push({ label: `${s.label} band`, _band: s.key, data: m.bands.map((b) => (b ? b[0] : null)),
+        out.push({ label: `${s.label} band`, _band: s.key, data: bands.map((b) => (b ? b[0] : null)),
                    fill: false, ...edge });
-        out.push({ label: `${s.label} band`, _band: s.key, data: m.bands.map((b) => (b ? b[1] : null)),
+        out.push({ label: `${s.label} band`, _band: s.key, data: bands.map((b) => (b ? b[1] : null)),
                    fill: "-1", backgroundColor: alpha(c, focused ? 0.18 : 0.035), ...edge });
       }
       out.push({ label: s.label, _series: s.key, _metric: m, data: m.values, borderColor: c,
                  backgroundColor: c, borderDash: DASHES[w % DASHES.length], pointStyle: POINTS[w % POINTS.length],
-                 borderWidth: 2, pointRadius: 3.5, pointHoverRadius: 6, spanGaps: true, tension: 0 });
-      let last = null;
-      m.values.forEach((v, i) => {
-        if (v !== null) last = v;
-        if (m.alarms[i] && v !== null) alarms.push({ x: labels[i], y: v, _s: s, _i: i });
-        if (m.failed[i]) {
-          const band = m.bands[i];
-          const y = v !== null ? v : last !== null ? last : band ? band[0] : null;
-          if (y !== null) failed.push({ x: labels[i], y: y, _s: s, _i: i, _error: m.failed[i] });
-        }
-      });
+                 borderWidth: 2, pointRadius: dense ? 0 : 3.5, pointHoverRadius: 6, pointHitRadius: 4,
+                 spanGaps: true, tension: 0 });
+      for (const i of m.alarms) {
+        if (m.values[i] !== null) alarms.push({ x: labels[i], y: m.values[i], _s: s, _i: i });
+      }
+      for (const [key, error] of Object.entries(m.failed)) {
+        // a failed cell has no median: mark it at its last value (or the band's baseline)
+        const i = Number(key);
+        const before = m.values.slice(0, i + 1).filter((v) => v !== null);
+        const y = before.length ? before[before.length - 1] : bands[i] ? bands[i][0] : null;
+        if (y !== null) failed.push({ x: labels[i], y: y, _s: s, _i: i, _error: error });
+      }
     }
     out.push({ label: "regression alarm", _marker: "alarm", type: "scatter", data: alarms, pointStyle: "triangle",
                pointRadius: 9, pointHoverRadius: 11, borderColor: ALARM, backgroundColor: ALARM, borderWidth: 2 });
@@ -81,7 +84,7 @@
     if (ds._marker === "failed") return `FAILED ${ctx.raw._s.label}: ${ctx.raw._error}`;
     const m = ds._metric;
     let text = `${ds.label}: ${fmt(ctx.parsed.y, unit)}`;
-    const band = m.bands[ctx.dataIndex];
+    const band = (m.bands || [])[ctx.dataIndex];
     if (band) text += ` (band ${fmt(band[0], unit)} to ${fmt(band[1], unit)})`;
     return text;
   };
