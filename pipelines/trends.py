@@ -10,7 +10,7 @@ airflow.json, report/summary.json, report/regression.json). Folders without summ
     index = RunIndex()
     runs = index.runs(Path("runs"))                     # newest first
     trends = trend_series(runs, "nightly", window_days=30)
-    diff = compare_runs(runs[1], runs[0])
+    diff = compare_runs(runs[1], runs[0])               # pipelines.comparison
 
 Every file of a run folder is read by ``read_run_files`` alone (config.json, mlflow.json,
 airflow.json, report/summary.json, report/regression.json, cells/*/result.json), so a typed
@@ -332,53 +332,6 @@ def trend_series(runs: list[RunRecord], profile: str, window_days: int | None = 
         "series": series,
         "alarms": [{"run_id": r.run_id, "message": r.regression["message"]} for r in chosen if r.alarm],
     }
-
-
-# --- two runs side by side ----------------------------------------------------------------
-
-COMPARED = (("total_seconds", "total s", 1), ("training_seconds", "training s", 1),
-            ("samples_per_second", "samples/s", 1), ("overhead_vs_ddp_total", "overhead vs DDP %", 100),
-            ("test_accuracy", "test accuracy %", 100))
-
-
-def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(value, dict):
-        out: dict[str, Any] = {}
-        for k, v in value.items():
-            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
-        return out
-    return {prefix: json.dumps(value) if isinstance(value, list) else value}
-
-
-def compare_runs(a: RunRecord, b: RunRecord) -> dict[str, Any]:
-    """Config fields that differ, and per cell (backend-wN) both runs' medians and b's change."""
-    fa, fb = _flatten(a.config), _flatten(b.config)
-    diff = [(k, fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)]
-    keys = list(a.aggregates) + [k for k in b.aggregates if k not in a.aggregates]
-    failed_a = {f["key"] for f in a.failed}
-    failed_b = {f["key"] for f in b.failed}
-    rows = []
-    for key in keys:
-        ga, gb = a.aggregates.get(key, {}), b.aggregates.get(key, {})
-        row: dict[str, Any] = {"cell": key, "metrics": [],
-                               "repeats": (f"{ga.get('repeats_ok', '-')}/{ga.get('repeats', '-')}",
-                                           f"{gb.get('repeats_ok', '-')}/{gb.get('repeats', '-')}"),
-                               "failed": (key in failed_a, key in failed_b)}
-        for metric, label, scale in COMPARED:
-            if metric == "overhead_vs_ddp_total" and (ga or gb).get("backend") == "ddp":
-                row["metrics"].append({"metric": metric, "label": label, "a": None, "b": None, "delta": None,
-                                       "pct": None})  # DDP is the reference
-                continue
-            va, vb = ga.get(metric), gb.get(metric)
-            va = None if va is None else va * scale
-            vb = None if vb is None else vb * scale
-            delta = None if va is None or vb is None else vb - va
-            pct = None if delta is None or not va or scale != 1 else delta / va
-            row["metrics"].append({"metric": metric, "label": label, "a": va, "b": vb, "delta": delta,
-                                   "pct": pct})
-        rows.append(row)
-    return {"a": a, "b": b, "config_diff": diff, "config_same": len(set(fa) | set(fb)) - len(diff),
-            "cells": rows}
 
 
 # --- links and the asset event ---------------------------------------------------------------

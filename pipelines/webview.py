@@ -37,8 +37,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
 
+from pipelines.comparison import compare_runs
 from pipelines.paths import RunPaths
-from pipelines.trends import (WINDOWS, RunIndex, RunRecord, compare_runs, dag_run_link,
+from pipelines.trends import (WINDOWS, RunIndex, RunRecord, dag_run_link,
                               latest_per_profile, mlflow_links, read_run_files, run_started,
                               trend_series)
 

@@ -20,7 +20,8 @@ from fastapi import Header, HTTPException
 from fastapi.testclient import TestClient
 
 from pipelines.alerts import build_alert
-from pipelines.trends import (RunIndex, asset_extra, compare_runs, dag_run_link, load_record, mlflow_links,
+from pipelines.comparison import compare_runs
+from pipelines.trends import (RunIndex, asset_extra, dag_run_link, load_record, mlflow_links,
                               record_dag_run, trend_series)
 from pipelines.webview import create_app, render_compare, render_page, render_trends
 from tests.synthetic_history import write_history
