@@ -1,8 +1,8 @@
-"""Benchmark history: a cached index of the run folders, trend series and run-to-run comparison.
+"""Benchmark history: a cached index of the run folders, trend series, links, asset-event extra.
 
 The Benchmarks page (``pipelines.webview``) asks this module for every run under the output
-root on each request. Reading 200 run folders' JSON files each time would take most of a
-second, so ``RunIndex`` keeps one compact ``RunRecord`` per folder in memory and re-reads a
+root on each request. Reading 200 run folders' JSON files takes 0.2-0.5 s on a 2-core machine
+(bench/webview_page.py, the cold request), so ``RunIndex`` keeps one compact ``RunRecord`` per folder in memory and re-reads a
 folder only when one of its files changed (key: mtime and size of config.json, mlflow.json,
 airflow.json, report/summary.json, report/regression.json). Folders without summary.json
 (training in progress) are re-read on every request; they are few.
@@ -14,8 +14,8 @@ airflow.json, report/summary.json, report/regression.json). Folders without summ
 
 Every file of a run folder is read by ``read_run_files`` alone (config.json, mlflow.json,
 airflow.json, report/summary.json, report/regression.json, cells/*/result.json), so a typed
-summary model only changes that function. Nothing here imports Airflow or writes, except
-``record_dag_run`` (airflow.json, written by the DAG's prepare_run) and nothing else.
+summary model only changes that function. Nothing here imports Airflow; the one writer is
+``record_dag_run`` (airflow.json, called by the DAG's prepare_run).
 """
 
 from __future__ import annotations
