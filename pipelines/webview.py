@@ -198,8 +198,7 @@ def _previous_runs(runs: list[RunRecord]) -> dict[str, str]:
     for run in runs:
         for waiting in newer.pop(run.profile, []) if run.status is not None else []:
             out[waiting] = run.run_id
-        if run.status is not None or run.profile not in newer:
-            newer.setdefault(run.profile, []).append(run.run_id)
+        newer.setdefault(run.profile, []).append(run.run_id)
     return out
 
 

@@ -204,3 +204,14 @@ def test_app_serves_views_static_files_and_api_behind_auth(history):
     trends = client.get("/api/trends?window=all", headers=ok).json()
     assert trends["profile"] == "nightly" and len(trends["runs"]) == 8
     assert client.get(f"/?run={_by_night(history, 6)}", headers=ok).text.count("Run scheduled__") == 1
+
+
+def test_previous_run_is_the_nearest_older_evaluated_run_of_the_same_profile(history):
+    from pipelines.webview import _previous_runs
+
+    runs = RunIndex().runs(history)
+    previous = _previous_runs(runs)
+    assert previous[_by_night(history, 7)] == _by_night(history, 6)
+    assert _by_night(history, 0) not in previous  # the first night has none
+    smoke = [r.run_id for r in runs if r.profile == "smoke"]
+    assert previous[smoke[0]] == smoke[1]  # never across profiles
