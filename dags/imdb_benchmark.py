@@ -41,6 +41,15 @@ checkpoint.
 **Schedule**: every night at 02:00 UTC with the nightly profile; unpausing does not start a
 run for the past night. One run at a time.
 
+**Alerts**: when `check_regression` fails (regression alarm, or failed training cells) or
+`evaluate` fails, an `SmtpNotifier` mails the run, the cells and their old/new values through
+the Airflow connection `benchmark_alerts` (SMTP; recipients in its extra `to`). Without that
+connection the callback only logs that it is missing.
+
+**Asset**: `track` publishes the asset `imdb_benchmark_summary` on every finished benchmark
+(event extra: run id, run folder, summary.json path, profile, status), so other DAGs can be
+scheduled on new results: `schedule=[Asset.ref(name="imdb_benchmark_summary")]`.
+
 Run it without a server:
 `airflow dags test imdb_benchmark -c '{"profile": "smoke"}'` (after
 `source scripts/airflow_env.sh && bash scripts/airflow_setup.sh`).
@@ -53,7 +62,9 @@ import os
 from datetime import timedelta
 from pathlib import Path
 
+from airflow.providers.smtp.notifications.smtp import SmtpNotifier  # ~10 ms (smtplib)
 from airflow.sdk import (
+    Asset,
     CronTriggerTimetable,
     Param,
     TaskGroup,
@@ -178,6 +189,30 @@ def plan_by_workers(cells: list[tuple], pool_slots: int | None) -> dict[str, lis
     return plan
 
 
+# Published by `track` for every finished benchmark; consumers schedule on it by name.
+BENCHMARK_SUMMARY = Asset(name="imdb_benchmark_summary", uri="x-benchmark://imdb_benchmark/summary",
+                          group="benchmark")
+ALERT_CONN_ID = "benchmark_alerts"  # SMTP connection; extra {"from_email": ..., "to": "a@x, b@y"}
+
+
+def benchmark_alert(ti, exception=None):
+    """Jinja macro of the alert mails: subject/text/html of this run's alert (pipelines.alerts)."""
+    from pipelines.alerts import build_alert
+
+    run_dir = ti.xcom_pull(task_ids="prepare_run")
+    return build_alert(run_dir, dag_run_id=ti.run_id, task_id=ti.task_id, exception=exception)
+
+
+def alert_notifier() -> SmtpNotifier:
+    """A fresh notifier per task (rendering mutates it): the message comes from the run folder."""
+    return SmtpNotifier(
+        smtp_conn_id=ALERT_CONN_ID,
+        to=f"{{{{ conn.{ALERT_CONN_ID}.extra_dejson.get('to', '') }}}}",
+        subject="{{ benchmark_alert(ti, exception).subject }}",
+        html_content="{{ benchmark_alert(ti, exception).html }}",
+    )
+
+
 def _logged(name: str, result: dict) -> dict:
     log.info("%s: %s", name, result)
     return result
@@ -195,6 +230,7 @@ def _logged(name: str, result: dict) -> dict:
     params=PARAMS,
     tags=["benchmark", "training", "mlflow"],
     default_args={"retries": 0},
+    user_defined_macros={"benchmark_alert": benchmark_alert},
 )
 def imdb_benchmark():
     @task
@@ -202,6 +238,7 @@ def imdb_benchmark():
         """Resolve the config (profile + params) and create the run folder; returns its path."""
         from pipelines import stages
         from pipelines.config import load_config
+        from pipelines.trends import record_dag_run
 
         ctx = get_current_context()
         params = dict(ctx["params"])
@@ -210,6 +247,7 @@ def imdb_benchmark():
         slots = os.environ.get(SLOTS_ENV)
         plan_by_workers(load_config(params["profile"], overrides).cells(), int(slots) if slots else None)
         run_dir = stages.prepare_run(params["profile"], overrides, run_id=ctx["run_id"])
+        record_dag_run(run_dir, ctx["dag"].dag_id, ctx["run_id"])  # the page links back to this run
         log.info("run folder: %s", run_dir)
         return run_dir
 
@@ -262,7 +300,13 @@ def imdb_benchmark():
         """One step of pipelines.runner.FINISH_STEPS (evaluate, report, track, check_regression)."""
         from pipelines import runner
 
-        return _logged(step, runner.run_step(step, run_dir))
+        result = _logged(step, runner.run_step(step, run_dir))
+        if step == "track":  # MLflow has the run: publish its summary as an event of the asset
+            from pipelines.trends import asset_extra
+
+            ctx = get_current_context()
+            ctx["outlet_events"][BENCHMARK_SUMMARY].extra = asset_extra(run_dir, ctx["run_id"])
+        return result
 
     run_dir = prepare_run()
     data_steps = [ingest(run_dir), validate_snapshot(run_dir), preprocess(run_dir), validate_tokens(run_dir)]
@@ -277,9 +321,15 @@ def imdb_benchmark():
     # evaluate runs once every cell is done, failed ones included, so the report shows them;
     # each later step only after the one before succeeded (the CLI's policy too).
     previous = train_group
+    # evaluate (no result at all) and check_regression (regression, failed cells) alert people;
+    # track publishes the summary asset.
+    step_options = {"evaluate": {"on_failure_callback": [alert_notifier()]},
+                    "track": {"outlets": [BENCHMARK_SUMMARY]},
+                    "check_regression": {"on_failure_callback": [alert_notifier()]}}
     for i, step in enumerate(FINISH_STEPS):
         rule = TriggerRule.ALL_DONE if i == 0 else TriggerRule.ALL_SUCCESS
-        current = finish_step.override(task_id=step, trigger_rule=rule)(run_dir, step)
+        current = finish_step.override(task_id=step, trigger_rule=rule,
+                                       **step_options.get(step, {}))(run_dir, step)
         previous >> current
         previous = current
 

@@ -5,6 +5,7 @@ A retry, a resume or a re-report needs nothing but this folder. ``RunPaths`` (th
 
     config.json                                   resolved BenchmarkConfig
     mlflow.json                                   MLflow parent run id per tracking URI
+    airflow.json                                  the Airflow DAG run (dag_id, run_id, started)
     snapshot/{train,test}.parquet, manifest.json  ingest
     validation/<stage>_<split>.json, <stage>_summary.json, data_docs/   Great Expectations
     tokens/{train,test}/part-*.parquet            Spark tokenization
@@ -114,6 +115,10 @@ class RunPaths:
     @property
     def mlflow_parent(self) -> Path:
         return self.root / "mlflow.json"
+
+    @property
+    def dag_run(self) -> Path:  # {dag_id, run_id, started}: the Airflow DAG run that made the folder
+        return self.root / "airflow.json"
 
     @property
     def snapshot(self) -> Path:

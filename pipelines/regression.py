@@ -115,7 +115,7 @@ def compare(config: BenchmarkConfig, summary: RunSummary, reference: dict[str, f
         row: dict[str, Any] = {"cell": key, "reference": label, "old_total_seconds": old_t,
                                "new_total_seconds": new_t, "new_total_seconds_ci": [ci.low, ci.high, ci.n],
                                "old_test_accuracy": old_a, "new_test_accuracy": new_a,
-                               "slowdown": None, "accuracy_drop": None, "problems": []}
+                               "slowdown": None, "accuracy_drop": None, "alarms": [], "problems": []}
         if old_t is None or new_t is None:
             where = "the reference" if old_t is None else "this run"
             row["problems"].append(f"not compared: no finished repeat in {where}")
@@ -124,6 +124,7 @@ def compare(config: BenchmarkConfig, summary: RunSummary, reference: dict[str, f
             beyond_noise = ci.n < 2 or (ci.low is not None and ci.low > old_t)
             if row["slowdown"] is not None and row["slowdown"] > config.regression_time_threshold \
                     and beyond_noise:
+                row["alarms"].append("time")
                 regressions.append(
                     f"{key}: median total time {old_t:.2f} s -> {new_t:.2f} s "
                     f"({row['slowdown'] * 100:+.1f} %, allowed +{config.regression_time_threshold * 100:.0f} %"
@@ -131,6 +132,7 @@ def compare(config: BenchmarkConfig, summary: RunSummary, reference: dict[str, f
         if old_a is not None and new_a is not None:
             row["accuracy_drop"] = old_a - new_a
             if row["accuracy_drop"] > config.regression_accuracy_drop:
+                row["alarms"].append("accuracy")
                 regressions.append(
                     f"{key}: median test accuracy {old_a:.4f} -> {new_a:.4f} "
                     f"(drop {row['accuracy_drop']:.4f}, allowed {config.regression_accuracy_drop}; vs {label})")

@@ -1,39 +1,65 @@
-"""The "Benchmarks" web page: benchmark runs, their comparison table, plots and MLflow links.
+"""The "Benchmarks" web page: trends of the nightly runs, one run's details, two runs compared.
 
 A small FastAPI app that reads run folders (``<output_root>/<run_id>/``, see ``pipelines.paths``)
-and renders plain server-side HTML (Jinja2, no JavaScript build). Airflow mounts it through
-``plugins/benchmarks_plugin.py`` at ``/benchmarks`` behind Airflow's login; this module never
-imports Airflow: the caller passes the authentication dependency.
+through the cached index of ``pipelines.trends`` and renders server-side HTML (Jinja2 templates
+in ``pipelines/templates/``); the trend charts are drawn in the browser by Chart.js, vendored in
+``plugins/static/chartjs/`` (see its README) with the page's own ``plugins/static/benchmarks.js``.
+Airflow mounts the app through ``plugins/benchmarks_plugin.py`` at ``/benchmarks`` behind
+Airflow's login; this module never imports Airflow: the caller passes the authentication
+dependency.
 
     app = create_app(auth=some_fastapi_dependency)   # every route requires it
 
 Routes (relative to the mount point):
-    GET /                               runs, latest per profile, the selected run (``?run=<id>``)
+    GET /  (or /trends)   trends per (backend, strategy, workers) of one profile:
+                          ``?profile=nightly&window=30d|7d|90d|365d|all&cell=ddp-w2``
+    GET /runs             latest run per profile and one run (``?run=<id>``; default newest);
+                          ``/?run=<id>`` shows the same (old links)
+    GET /compare          two runs side by side: ``?a=<older id>&b=<newer id>``
     GET /runs/{run_id}/report/{name}    a file of that run's report/ folder (PNG, HTML, MD, JSON)
-    GET /api/runs                       the runs as JSON
+    GET /static/{path}    Chart.js and the page's script
+    GET /api/runs, /api/trends?profile=&window=     the same data as JSON
 
 Reads: env ``BENCHMARK_OUTPUT_ROOT`` (default ``<project>/runs``) at every request, so the page
 follows new runs without a restart; ``MLFLOW_UI_URL`` (e.g. http://127.0.0.1:5000) for links to
-the MLflow UI. Writes nothing. A missing output root shows an empty page that names the folder;
-unknown runs or files are 404; names that leave the run folder are refused (404).
+the MLflow UI; ``AIRFLOW_UI_URL`` for links to DAG runs (default: relative to the mount point,
+right when the page is served by Airflow). Writes nothing. A missing output root shows an empty
+page that says what to run; unknown runs or files are 404; names that leave the run folder are
+refused (404).
 """
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
 
+from pipelines.comparison import compare_runs
 from pipelines.paths import PROJECT_ROOT, RunPaths
+from pipelines.trends import (WINDOWS, RunIndex, RunRecord, dag_run_link,
+                              latest_per_profile, mlflow_links, read_run_files, run_started,
+                              trend_series)
 
+__all__ = ["create_app", "list_runs", "load_run", "mlflow_links", "render_page", "render_trends",
+           "render_compare", "report_file", "latest_per_profile"]
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+STATIC_DIR = PROJECT_ROOT / "plugins" / "static"
 REPORT_FILE_TYPES = {".png": "image/png", ".svg": "image/svg+xml", ".html": "text/html",
                      ".md": "text/markdown", ".json": "application/json", ".csv": "text/csv"}
+STATIC_TYPES = {".js": "text/javascript", ".md": "text/markdown", ".css": "text/css"}
 # Columns of the per-cell table built from cells/*/result.json (the shared result contract).
 CELL_COLUMNS = ("cell", "status", "test accuracy", "test F1", "total s", "startup s", "training s",
                 "samples/s", "peak MB")
+# summary.json scalars the page does not list: the file format's version, and what the header says.
+HIDDEN_SCALARS = {"version", "run", "profile"}
+WINDOW_LABELS = {"7d": "in the last 7 days", "30d": "in the last 30 days", "90d": "in the last 90 days",
+                 "365d": "in the last year", "all": "all time"}
+DEFAULT_WINDOW = "30d"
+INDEX = RunIndex()  # one per process (the API server's worker): re-reads changed run folders only
 
 
 def output_root() -> Path:
@@ -42,7 +68,7 @@ def output_root() -> Path:
 
 @dataclass
 class RunInfo:
-    """What the page shows of one run folder; every field tolerates missing files."""
+    """One run folder in full (the run view): its record plus cells, plots and summary."""
 
     run_id: str
     root: Path
@@ -54,6 +80,8 @@ class RunInfo:
     plots: list[str] = field(default_factory=list)
     has_html_report: bool = False
     mlflow: dict[str, Any] = field(default_factory=dict)
+    regression: dict[str, Any] | None = None
+    dag_run: dict[str, Any] | None = None
     errors: list[str] = field(default_factory=list)
 
     @property
@@ -63,16 +91,6 @@ class RunInfo:
         if any(c["status"] == "failed" for c in self.cells):
             return "failed cells"
         return f"{len(self.cells)} cell(s) trained" if self.cells else "in progress"
-
-
-def _read_json(path: Path, errors: list[str]) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as err:  # half-written or corrupt: show it, keep the page up
-        errors.append(f"{path.name}: cannot read ({err})")
-        return None
 
 
 def _cell_row(name: str, data: dict[str, Any]) -> dict[str, Any]:
@@ -86,41 +104,25 @@ def _cell_row(name: str, data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def load_run(root: Path, details: bool = True) -> RunInfo:
-    """Read one run folder. ``details=False`` reads only config.json (for the run list)."""
+def load_run(root: Path) -> RunInfo:
+    """Read one run folder in full (pipelines.trends.read_run_files reads every file)."""
     paths = RunPaths(root)
-    info = RunInfo(run_id=root.name, root=root)
-    info.config = _read_json(paths.config, info.errors) or {}
+    files = read_run_files(root, cells=True)
+    info = RunInfo(run_id=root.name, root=root, config=files.config, summary=files.summary,
+                   mlflow=files.mlflow, regression=files.regression, dag_run=files.dag_run,
+                   errors=files.errors)
     info.profile = str(info.config.get("profile", "?"))
-    info.started = datetime.fromtimestamp(paths.config.stat().st_mtime, tz=timezone.utc)
-    info.summary = _read_json(paths.summary, info.errors)
-    if not details:
-        return info
-    for result in paths.cell_results():
-        data = _read_json(result, info.errors)
-        if isinstance(data, dict):
-            info.cells.append(_cell_row(result.parent.name, data))
+    info.started = run_started(root, files)
+    info.cells = [_cell_row(name, data) for name, data in files.cells.items()]
     if paths.report.is_dir():
         info.plots = sorted(p.name for p in paths.report.glob("*.png"))
-        info.has_html_report = paths.report_html.is_file()
-    info.mlflow = _read_json(paths.mlflow_parent, info.errors) or {}
+        info.has_html_report = (paths.report / "report.html").is_file()
     return info
 
 
-def list_runs(root: Path | None = None) -> list[RunInfo]:
-    """Every folder with a config.json under the output root, newest first."""
-    root = root or output_root()
-    if not root.is_dir():
-        return []
-    runs = [load_run(d, details=False) for d in root.iterdir() if RunPaths.is_run_folder(d)]
-    return sorted(runs, key=lambda r: (r.started, r.run_id), reverse=True)
-
-
-def latest_per_profile(runs: list[RunInfo]) -> dict[str, RunInfo]:
-    latest: dict[str, RunInfo] = {}
-    for run in runs:  # newest first, so the first one seen wins
-        latest.setdefault(run.profile, run)
-    return latest
+def list_runs(root: Path | None = None) -> list[RunRecord]:
+    """Every folder with a config.json under the output root, newest first (cached index)."""
+    return INDEX.runs(root or output_root())
 
 
 def _flat(value: Any) -> Any:
@@ -153,30 +155,10 @@ def summary_tables(summary: dict[str, Any] | None) -> list[tuple[str, list[str],
 
 
 def summary_scalars(summary: dict[str, Any] | None) -> dict[str, Any]:
-    return {k: v for k, v in (summary or {}).items() if isinstance(v, (str, int, float, bool))}
-
-
-def mlflow_links(info: RunInfo, ui_url: str | None = None) -> list[tuple[str, str | None]]:
-    """(label, url) per MLflow parent run of the run; url None when no MLflow UI is known.
-
-    mlflow.json (pipelines.tracking) maps tracking URI -> {experiment_id, parent_run_id}; a
-    flat {parent_run_id, experiment_id} record is read too.
-    """
-    data = info.mlflow
-    entries = [data] if "parent_run_id" in data else [
-        {**v, "tracking_uri": k} for k, v in data.items() if isinstance(v, dict)]
-    ui_url = (ui_url if ui_url is not None else os.environ.get("MLFLOW_UI_URL", "")).rstrip("/")
-    links: list[tuple[str, str | None]] = []
-    for entry in entries:
-        run_id, experiment = entry.get("parent_run_id"), entry.get("experiment_id")
-        if not run_id:
-            continue
-        label = f"MLflow parent run {run_id}"
-        if entry.get("tracking_uri"):
-            label += f" ({entry['tracking_uri']})"
-        path = f"#/experiments/{experiment}/runs/{run_id}" if experiment else f"#/runs/{run_id}"
-        links.append((label, f"{ui_url}/{path}" if ui_url else None))
-    return links
+    """summary.json's single values (status, cost, ...), without its format version ("version 1")
+    and the run and profile names the page's header already shows."""
+    return {k: v for k, v in (summary or {}).items()
+            if isinstance(v, (str, int, float, bool)) and k not in HIDDEN_SCALARS}
 
 
 def fmt(value: Any) -> str:
@@ -187,75 +169,163 @@ def fmt(value: Any) -> str:
     return str(value)
 
 
-PAGE = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>Benchmarks</title>
-<style>
- body{font-family:system-ui,sans-serif;margin:1.5rem;color:#1f2933;max-width:80rem}
- table{border-collapse:collapse;margin:.5rem 0 1.2rem;font-size:.9rem}
- caption{text-align:left;font-weight:600;padding:.2rem 0}
- th,td{border:1px solid #cbd2d9;padding:.2rem .5rem;text-align:right;white-space:nowrap}
- th{background:#f0f4f8;font-weight:600}
- td:first-child,th:first-child{text-align:left} .bad{color:#b42318} .muted{color:#616e7c}
- img{max-width:46%;margin:.3rem;border:1px solid #e4e7eb} a{color:#1d4ed8}
-</style></head><body>
-<h1>Distributed-training benchmarks</h1>
-<p class="muted">Output root: <code>{{ root }}</code> &middot; {{ runs|length }} run(s)</p>
-{% if not runs %}<p>No benchmark runs yet: trigger the <code>imdb_benchmark</code> DAG.</p>{% endif %}
-{% if latest %}<h2>Latest run per profile</h2>
-<table><tr><th>profile</th><th>run</th><th>started (UTC)</th><th>state</th></tr>
-{% for profile, r in latest.items() %}<tr><td>{{ profile }}</td>
-<td><a href="?run={{ r.run_id|urlencode }}">{{ r.run_id }}</a></td>
-<td>{{ r.started.strftime('%Y-%m-%d %H:%M:%S') }}</td><td>{{ r.state }}</td></tr>{% endfor %}
-</table>{% endif %}
-{% if run %}<h2 id="run">Run {{ run.run_id }}</h2>
-<p>Profile <b>{{ run.profile }}</b>, backends {{ run.config.get('backends') }}, workers
-{{ run.config.get('worker_counts') }}, epochs {{ run.config.get('epochs') }}, state <b>{{ run.state }}</b>.
-{% if run.has_html_report %}<a href="runs/{{ run.run_id|urlencode }}/report/report.html">Full report</a>{% endif %}</p>
-{% for label, url in mlflow %}<p>{% if url %}<a href="{{ url }}" target="_blank">{{ label }}</a>
-{% else %}{{ label }} <span class="muted">(set MLFLOW_UI_URL for a link)</span>{% endif %}</p>{% endfor %}
-{% for e in run.errors %}<p class="bad">{{ e }}</p>{% endfor %}
-{% for title, columns, rows in tables %}<table class="summary"><caption>{{ titles.get(title, title) }}</caption>
-<tr>{% for c in columns %}<th>{{ c.replace('_', ' ') }}</th>{% endfor %}</tr>
-{% for row in rows %}<tr>{% for c in columns %}<td>{{ fmt(row.get(c)) }}</td>{% endfor %}</tr>{% endfor %}
-</table>{% endfor %}
-{% if scalars %}<table><caption>Summary</caption>{% for k, v in scalars.items() %}
-<tr><th>{{ k }}</th><td>{{ fmt(v) }}</td></tr>{% endfor %}</table>{% endif %}
-{% if run.cells %}<table class="cells"><caption>Training cells</caption>
-<tr>{% for c in cell_columns %}<th>{{ c }}</th>{% endfor %}</tr>
-{% for row in run.cells %}<tr>{% for c in cell_columns %}
-<td{% if c == 'status' and row.status != 'ok' %} class="bad" title="{{ row.error or '' }}"{% endif %}>{{ fmt(row[c]) }}</td>
-{% endfor %}</tr>{% endfor %}</table>
-{% else %}<p class="muted">No training cell has finished yet.</p>{% endif %}
-{% if run.plots %}<h3>Plots</h3>{% for p in run.plots %}
-<a href="runs/{{ run.run_id|urlencode }}/report/{{ p|urlencode }}"><img alt="{{ p }}"
- src="runs/{{ run.run_id|urlencode }}/report/{{ p|urlencode }}"></a>{% endfor %}{% endif %}
-{% endif %}
-{% if runs|length > 1 %}<h2>All runs</h2><table><tr><th>run</th><th>profile</th><th>started (UTC)</th>
-<th>state</th></tr>{% for r in runs %}<tr><td><a href="?run={{ r.run_id|urlencode }}">{{ r.run_id }}</a></td>
-<td>{{ r.profile }}</td><td>{{ r.started.strftime('%Y-%m-%d %H:%M:%S') }}</td><td>{{ r.state }}</td></tr>
-{% endfor %}</table>{% endif %}
-</body></html>
-"""
+@lru_cache(maxsize=1)
+def _templates():
+    from jinja2 import Environment, FileSystemLoader
+
+    env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=True)
+    env.globals.update(fmt=fmt, mlflow_links=mlflow_links)
+    return env
+
+
+def _static_version(name: str) -> str:
+    try:
+        return str(int((STATIC_DIR / name).stat().st_mtime))
+    except OSError:
+        return "0"
+
+
+def _airflow_ui_url() -> str:
+    # Relative to /benchmarks/<page>: right wherever Airflow serves the page (any base path).
+    return os.environ.get("AIRFLOW_UI_URL", "..")
+
+
+def _previous_runs(runs: list[RunRecord]) -> dict[str, str]:
+    """run id -> the evaluated run of the same profile just before it (runs: newest first)."""
+    out: dict[str, str] = {}
+    newer: dict[str, list[str]] = {}
+    for run in runs:
+        for waiting in newer.pop(run.profile, []) if run.status is not None else []:
+            out[waiting] = run.run_id
+        newer.setdefault(run.profile, []).append(run.run_id)
+    return out
 
 
 def render_page(root: Path, selected: str | None = None, mlflow_ui_url: str | None = None) -> str:
-    """The whole page as HTML. ``selected`` names a run; default: the newest one."""
-    from jinja2 import Environment
-
+    """The run view as HTML. ``selected`` names a run; default: the newest one."""
     runs = list_runs(root)
     run = None
     if selected:
         run = load_run(_run_dir(root, selected))
     elif runs:
         run = load_run(runs[0].root)
-    template = Environment(autoescape=True).from_string(PAGE)
-    return template.render(
-        root=root, runs=runs, latest=latest_per_profile(runs), run=run, fmt=fmt,
+    record = next((r for r in runs if run and r.run_id == run.run_id), None)
+    return _templates().get_template("run.html").render(
+        view="runs", root=root, runs=runs, latest=latest_per_profile(runs), run=run,
         tables=summary_tables(run.summary if run else None),
         scalars=summary_scalars(run.summary if run else None),
         mlflow=mlflow_links(run, mlflow_ui_url) if run else [], cell_columns=CELL_COLUMNS,
         titles={"aggregates": "Comparison (median over repeats)", "failed": "Failed cells"},
+        regression=record.regression if record else None,
+        dag_run=dag_run_link(record, _airflow_ui_url()) if record else None,
+        previous=_previous_runs(runs).get(run.run_id) if run else None,
     )
+
+
+def _default_profile(runs: list[RunRecord]) -> str | None:
+    profiles = [r.profile for r in runs]
+    return "nightly" if "nightly" in profiles else (profiles[0] if profiles else None)
+
+
+def trends_data(root: Path, profile: str | None = None, window: str = DEFAULT_WINDOW,
+                cell: str | None = None, now: datetime | None = None) -> dict[str, Any]:
+    """Everything the trends view shows (also /api/trends)."""
+    runs = list_runs(root)
+    profile = profile or _default_profile(runs)
+    window = window if window in WINDOWS else DEFAULT_WINDOW
+    trends = trend_series(runs, profile or "", WINDOWS[window], now=now)
+    all_series = [{"key": s["key"], "label": s["label"]} for s in trends["series"]]
+    if cell:
+        trends["series"] = [s for s in trends["series"] if s["key"] == cell]
+    return {"runs": runs, "profile": profile, "window": window, "cell": cell, "trends": trends,
+            "all_series": all_series}
+
+
+def render_trends(root: Path, profile: str | None = None, window: str = DEFAULT_WINDOW,
+                  cell: str | None = None, now: datetime | None = None) -> str:
+    data = trends_data(root, profile, window, cell, now)
+    runs, trends = data["runs"], data["trends"]
+    shown = {r["run_id"] for r in trends["runs"]}
+    mine = [r for r in runs if r.profile == data["profile"]]
+    config = next((r.config for r in mine if r.config), {})
+    counts: dict[str, int] = {}
+    for r in runs:
+        counts[r.profile] = counts.get(r.profile, 0) + 1
+    ui = _airflow_ui_url()
+    from pipelines.config import PROFILES
+
+    profiles = list(PROFILES) + sorted(set(counts) - set(PROFILES))
+    return _templates().get_template("trends.html").render(
+        view="trends", root=root, **data, profiles=profiles, counts=counts,
+        windows=list(WINDOW_LABELS.items()), window_label=WINDOW_LABELS[data["window"]],
+        newest=mine[0] if mine else None,
+        window_runs=[r for r in mine if r.run_id in shown],
+        previous=_previous_runs(runs), dag_links={r.run_id: dag_run_link(r, ui) for r in mine},
+        time_limit=fmt(config.get("regression_time_threshold", 0.25) * 100),
+        drop_limit=fmt(config.get("regression_accuracy_drop", 0.05) * 100),
+        chartjs_version=_static_version("chartjs/chart.umd.min.js"),
+        js_version=_static_version("benchmarks.js"),
+    )
+
+
+def _judge(metric: dict[str, Any], config: dict[str, Any]) -> str:
+    """CSS class of a compare delta: worse for B = bad; beyond the regression limits = strong."""
+    delta = metric["delta"]
+    if delta is None or delta == 0:
+        return ""
+    higher_is_worse = metric["metric"] in ("total_seconds", "training_seconds", "overhead_vs_ddp_total")
+    worse = delta > 0 if higher_is_worse else delta < 0
+    if not worse:
+        return "good"
+    if metric["metric"] == "total_seconds" and (metric["pct"] or 0) > config.get("regression_time_threshold", 0.25):
+        return "bad alarm"
+    if metric["metric"] == "test_accuracy" and -delta > config.get("regression_accuracy_drop", 0.05) * 100:
+        return "bad alarm"
+    return "bad"
+
+
+def render_compare(root: Path, a: str | None = None, b: str | None = None) -> str:
+    """Two runs side by side; default B = the newest run, A = the evaluated run before it."""
+    from markupsafe import Markup, escape
+
+    runs = list_runs(root)
+    by_id = {r.run_id: r for r in runs}
+    for run_id in (a, b):
+        if run_id and run_id not in by_id:
+            _run_dir(root, run_id)  # 404 with the reason
+    cmp = None
+    if len(runs) >= 2 or (a and b):
+        rb = by_id[b] if b else runs[0]
+        ra = by_id[a] if a else by_id.get(_previous_runs(runs).get(rb.run_id, ""),
+                                           next((r for r in runs if r is not rb), rb))
+        cmp = compare_runs(ra, rb)
+    facts = []
+    if cmp:
+        ui = _airflow_ui_url()
+
+        def links(r: RunRecord) -> Markup:
+            out = []
+            dag = dag_run_link(r, ui)
+            if dag:
+                out.append(Markup('<a class="dag-run" href="{}" target="_top">Airflow DAG run</a>').format(dag[1]))
+            for label, url in mlflow_links(r):
+                out.append(Markup('<a class="mlflow" href="{}" target="_blank">MLflow parent run</a>').format(url)
+                           if url else escape(label))
+            return Markup(" &middot; ").join(out) if out else Markup("")
+
+        def reg(r: RunRecord) -> str:
+            return f"{r.regression['status']} (baseline {r.regression.get('baseline') or '-'})" if r.regression else ""
+
+        ra, rb = cmp["a"], cmp["b"]
+        facts = [("profile", escape(ra.profile), escape(rb.profile)),
+                 ("started (UTC)", ra.started.strftime("%Y-%m-%d %H:%M"), rb.started.strftime("%Y-%m-%d %H:%M")),
+                 ("state", escape(ra.state), escape(rb.state)),
+                 ("regression check", escape(reg(ra)), escape(reg(rb))),
+                 ("links", links(ra), links(rb))]
+    config = cmp["b"].config if cmp else {}
+    return _templates().get_template("compare.html").render(
+        view="compare", root=root, runs=runs, cmp=cmp, a=a, b=b, facts=facts,
+        judge=lambda m: _judge(m, config))
 
 
 class NotFound(LookupError):
@@ -279,6 +349,15 @@ def report_file(root: Path, run_id: str, name: str) -> tuple[Path, str]:
     return path, media
 
 
+def static_file(name: str, static_dir: Path = STATIC_DIR) -> tuple[Path, str]:
+    """(path, media type) of a file under the static folder (Chart.js, the page's script)."""
+    path = (static_dir / name).resolve()
+    media = STATIC_TYPES.get(path.suffix.lower())
+    if not path.is_relative_to(static_dir.resolve()) or media is None or not path.is_file():
+        raise NotFound(f"no static file {name!r}")
+    return path, media
+
+
 def create_app(auth: Callable[..., Any], root: Path | None = None):
     """The FastAPI app; ``auth`` is a FastAPI dependency that every route runs first.
 
@@ -295,12 +374,27 @@ def create_app(auth: Callable[..., Any], root: Path | None = None):
     def _root() -> Path:
         return root.resolve() if root else output_root()
 
-    @app.get("/", response_class=HTMLResponse)
-    def page(run: str | None = None) -> HTMLResponse:
+    def _html(render: Callable[[], str]) -> HTMLResponse:
         try:
-            return HTMLResponse(render_page(_root(), run))
+            return HTMLResponse(render())
         except NotFound as err:
             raise HTTPException(status_code=404, detail=str(err)) from None
+
+    @app.get("/", response_class=HTMLResponse)
+    @app.get("/trends", response_class=HTMLResponse)
+    def trends(profile: str | None = None, window: str = DEFAULT_WINDOW, cell: str | None = None,
+               run: str | None = None) -> HTMLResponse:
+        if run:  # links from before the trends view existed
+            return _html(lambda: render_page(_root(), run))
+        return _html(lambda: render_trends(_root(), profile, window, cell or None))
+
+    @app.get("/runs", response_class=HTMLResponse)
+    def runs_page(run: str | None = None) -> HTMLResponse:
+        return _html(lambda: render_page(_root(), run))
+
+    @app.get("/compare", response_class=HTMLResponse)
+    def compare(a: str | None = None, b: str | None = None) -> HTMLResponse:
+        return _html(lambda: render_compare(_root(), a or None, b or None))
 
     @app.get("/runs/{run_id}/report/{name}")
     def report(run_id: str, name: str) -> FileResponse:
@@ -310,9 +404,22 @@ def create_app(auth: Callable[..., Any], root: Path | None = None):
             raise HTTPException(status_code=404, detail=str(err)) from None
         return FileResponse(path, media_type=media)
 
+    @app.get("/static/{name:path}")
+    def static(name: str) -> FileResponse:
+        try:
+            path, media = static_file(name)
+        except NotFound as err:
+            raise HTTPException(status_code=404, detail=str(err)) from None
+        return FileResponse(path, media_type=media, headers={"Cache-Control": "private, max-age=86400"})
+
     @app.get("/api/runs")
     def runs() -> list[dict[str, Any]]:
         return [{"run_id": r.run_id, "profile": r.profile, "state": r.state,
-                 "started": r.started.isoformat() if r.started else None} for r in list_runs(_root())]
+                 "started": r.started.isoformat() if r.started else None,
+                 "regression": (r.regression or {}).get("status")} for r in list_runs(_root())]
+
+    @app.get("/api/trends")
+    def trends_api(profile: str | None = None, window: str = DEFAULT_WINDOW) -> dict[str, Any]:
+        return trends_data(_root(), profile, window)["trends"]
 
     return app

@@ -1,4 +1,4 @@
-"""Airflow UI plugin "Benchmarks": the benchmark runs, comparison table, plots and MLflow links.
+"""Airflow UI plugin "Benchmarks": trends of the nightly runs, one run's report, two runs compared.
 
 Mounts the FastAPI app of ``pipelines.webview`` on Airflow's API server at ``/benchmarks`` and
 adds a "Benchmarks" entry to the UI's navigation that shows the page inside the Airflow UI

@@ -26,7 +26,7 @@ fi
 ip link set lo up
 cd "$ROOT"
 mkdir -p "$ART"
-rm -f "$ART"/*.png "$ART"/results.json "$ART"/failed_task_logs.txt
+rm -f "$ART"/0?_*.png "$ART"/results.json "$ART"/failed_task_logs.txt  # 1?_*.png: e2e_benchmarks_page.sh
 WORK="$(mktemp -d /tmp/e2e-airflow.XXXXXX)"
 trap 'rm -rf "$WORK"' EXIT
 

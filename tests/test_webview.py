@@ -98,11 +98,14 @@ def test_page_shows_latest_run_comparison_and_plots(runs_root):
     assert "spark-w2-r0" in html and 'class="bad"' in html  # failed cell marked
     assert 'src="runs/manual__2026-01-01T00_00_00/report/time_vs_workers.png"' in html
     assert "abc123" in html
+    # summary.json's scalars without its format version (the stray "version 1" row)
+    assert "<th>status</th>" in html and "<th>version</th>" not in html
 
 
 def test_page_without_runs_names_the_folder(tmp_path):
     html = render_page(tmp_path / "missing")
-    assert "No benchmark runs yet" in html and str(tmp_path / "missing") in html
+    assert "No benchmark runs in" in html and str(tmp_path / "missing") in html
+    assert "airflow dags test imdb_benchmark" in html  # says what to run
 
 
 def test_report_files_stay_inside_the_report_folder(runs_root):

@@ -19,6 +19,7 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
@@ -109,6 +110,8 @@ def test_benchmarks_page_shows_the_finished_run(e2e_results):
     assert "Comparison (median over repeats)" in text and "ddp-w1" in text
     assert "ddp-w1-r0\tok" in text  # the cell table from result.json
     assert "MLflow parent run" in text
+    # the run links back to its Airflow DAG run (airflow.json, written by prepare_run)
+    assert e2e_results["dag_run_link"].endswith("/dags/imdb_benchmark/runs/" + quote(e2e_results["dag_run"]["run_id"], safe=""))
     assert e2e_results["plots_total"] >= 1
     assert e2e_results["plots_loaded"] == e2e_results["plots_total"]  # PNGs served behind the login
 

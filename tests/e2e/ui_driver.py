@@ -181,7 +181,8 @@ def browse(base: str, user: str, password: str, artifacts: Path) -> dict:
         out["trigger_form_text"] = dialog.inner_text()
         page.keyboard.press("Escape")
 
-        # The plugin page inside the Airflow UI (nav entry -> iframe), then on its own.
+        # The plugin page inside the Airflow UI (nav entry -> iframe: the trends view), then the
+        # run view on its own.
         page.goto(f"{base}/plugin/benchmarks", wait_until="networkidle")
         frame = page.frame_locator("iframe").first
         expect(frame.locator("h1")).to_contain_text("benchmarks", ignore_case=True)
@@ -189,10 +190,11 @@ def browse(base: str, user: str, password: str, artifacts: Path) -> dict:
         shot("03_benchmarks_in_airflow_ui")
         out["nav_has_benchmarks"] = page.get_by_text("Benchmarks").count() > 0
 
-        response = page.goto(f"{base}/benchmarks/", wait_until="networkidle")
+        response = page.goto(f"{base}/benchmarks/runs", wait_until="networkidle")  # the newest run
         out["benchmarks_status"] = response.status
         shot("04_benchmarks_page")
         out["benchmarks_text"] = page.inner_text("body")
+        out["dag_run_link"] = page.eval_on_selector("a.dag-run", "a => a.href")
         out["plots_loaded"] = page.evaluate(
             "() => [...document.images].filter(i => i.complete && i.naturalWidth > 0).length")
         out["plots_total"] = page.evaluate("() => document.images.length")

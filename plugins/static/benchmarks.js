@@ -1,0 +1,174 @@
+// Trend charts of the Benchmarks page (pipelines/webview.py, template trends.html).
+// Reads the JSON in <script id="trend-data"> (pipelines.trends.trend_series) and draws one
+// Chart.js line chart per metric: one line per cell (backend, strategy, workers), the
+// regression band each run was judged against (shaded), red triangles on regression alarms,
+// red crosses where a cell failed. Clicking a point opens that run; the legend hides a cell
+// (with its band). The charts are kept in window.benchmarkCharts (metric id -> Chart).
+(function () {
+  "use strict";
+  const source = document.getElementById("trend-data");
+  if (!source || typeof Chart === "undefined") return;
+  const data = JSON.parse(source.textContent);
+  const COLORS = { ddp: "#1d4ed8", spark: "#c2410c", determined: "#047857" };
+  const EXTRA = ["#7c3aed", "#0e7490", "#a16207", "#be185d"];
+  const DASHES = [[], [7, 4], [2, 3], [10, 3, 2, 3]];  // by worker count, like the point styles
+  const POINTS = ["circle", "rect", "rectRot", "star"];
+  const ALARM = "#d92d20";
+  const labels = data.runs.map((r) => r.started);
+  const dense = labels.length > 60;  // many runs: plain lines (points cost the most to draw)
+  const backends = [...new Set(data.series.map((s) => s.backend))];
+  const workerCounts = [...new Set(data.series.map((s) => s.workers))].sort((a, b) => a - b);
+
+  function color(s) {
+    return COLORS[s.backend] || EXTRA[backends.indexOf(s.backend) % EXTRA.length];
+  }
+  function alpha(hex, a) {
+    const n = parseInt(hex.slice(1), 16);
+    return `rgba(${n >> 16},${(n >> 8) & 255},${n & 255},${a})`;
+  }
+  function fmt(v, unit) {
+    if (v === null || v === undefined) return "n/a";
+    const digits = Math.abs(v) >= 100 ? 0 : Math.abs(v) >= 10 ? 1 : 2;
+    return `${v.toFixed(digits)}${unit === "%" ? " %" : unit ? " " + unit : ""}`;
+  }
+
+  function datasets(metric) {
+    const out = [];
+    const alarms = [];
+    const failed = [];
+    for (const s of data.series) {
+      const m = s.metrics[metric.id];
+      if (!m) continue;
+      const c = color(s);
+      const w = workerCounts.indexOf(s.workers);
+      const bands = m.bands || [];
+      if (metric.band && bands.some((b) => b)) {
+        // Focused on one or two cells: a shaded band. All cells: its edges dotted, barely shaded.
+        const focused = data.series.length <= 2;
+        const edge = { borderWidth: focused ? 0 : 1, borderDash: [2, 3], borderColor: alpha(c, 0.55),
+                       pointRadius: 0, pointHitRadius: 0, spanGaps: false };
+        out.push({ label: `${s.label} band`, _band: s.key, data: bands.map((b) => (b ? b[0] : null)),
+                   fill: false, ...edge });
+        out.push({ label: `${s.label} band`, _band: s.key, data: bands.map((b) => (b ? b[1] : null)),
+                   fill: "-1", backgroundColor: alpha(c, focused ? 0.18 : 0.035), ...edge });
+      }
+      out.push({ label: s.label, _series: s.key, _metric: m, data: m.values, borderColor: c,
+                 backgroundColor: c, borderDash: DASHES[w % DASHES.length], pointStyle: POINTS[w % POINTS.length],
+                 borderWidth: 2, pointRadius: dense ? 0 : 3.5, pointHoverRadius: 6, pointHitRadius: 4,
+                 spanGaps: true, tension: 0 });
+      for (const i of m.alarms) {
+        if (m.values[i] !== null) alarms.push({ x: labels[i], y: m.values[i], _s: s, _i: i });
+      }
+      for (const [key, error] of Object.entries(m.failed)) {
+        // a failed cell has no median: mark it at its last value (or the band's baseline)
+        const i = Number(key);
+        const before = m.values.slice(0, i + 1).filter((v) => v !== null);
+        const y = before.length ? before[before.length - 1] : bands[i] ? bands[i][0] : null;
+        if (y !== null) failed.push({ x: labels[i], y: y, _s: s, _i: i, _error: error });
+      }
+    }
+    out.push({ label: "regression alarm", _marker: "alarm", type: "scatter", data: alarms, pointStyle: "triangle",
+               pointRadius: 9, pointHoverRadius: 11, borderColor: ALARM, backgroundColor: ALARM, borderWidth: 2 });
+    out.push({ label: "failed cell", _marker: "failed", type: "scatter", data: failed, pointStyle: "crossRot",
+               pointRadius: 9, pointHoverRadius: 11, borderColor: ALARM, backgroundColor: ALARM, borderWidth: 3 });
+    return out;
+  }
+
+  const tooltipLabel = (metric) => (ctx) => {
+    const unit = metric.unit;
+    const ds = ctx.dataset;
+    if (ds._marker === "alarm") {
+      const p = ctx.raw;
+      return `ALARM ${p._s.label}: ${fmt(p.y, unit)} (beyond the band)`;
+    }
+    if (ds._marker === "failed") return `FAILED ${ctx.raw._s.label}: ${ctx.raw._error}`;
+    const m = ds._metric;
+    let text = `${ds.label}: ${fmt(ctx.parsed.y, unit)}`;
+    const band = (m.bands || [])[ctx.dataIndex];
+    if (band) text += ` (band ${fmt(band[0], unit)} to ${fmt(band[1], unit)})`;
+    return text;
+  };
+
+  function runIndex(ctx) {
+    const raw = ctx.raw;
+    return raw && raw._i !== undefined ? raw._i : ctx.dataIndex;
+  }
+
+  // An empty chart says why instead of showing bare axes.
+  const emptyNote = (metric) => ({
+    id: "emptyNote",
+    afterDraw(chart) {
+      const lines = chart.data.datasets.filter((d) => d._series);
+      if (lines.some((d) => d.data.some((v) => v !== null))) return;
+      const { ctx, chartArea: a } = chart;
+      const text = metric.id === "overhead_vs_ddp_total" && data.series.every((s) => s.backend === "ddp")
+        ? "DDP is the reference (0 %): choose another backend's cell"
+        : "no values for the chosen cells in this window";
+      ctx.save();
+      ctx.fillStyle = "#616e7c";
+      ctx.font = "14px system-ui, sans-serif";
+      ctx.textAlign = "center";
+      ctx.fillText(text, (a.left + a.right) / 2, (a.top + a.bottom) / 2);
+      ctx.restore();
+    },
+  });
+
+  window.benchmarkCharts = {};
+  for (const metric of data.metrics) {
+    const canvas = document.getElementById(`chart-${metric.id}`);
+    if (!canvas) continue;
+
+    const chart = new Chart(canvas, {
+      type: "line",
+      plugins: [emptyNote(metric)],
+      data: { labels: labels, datasets: datasets(metric) },
+      options: {
+        animation: false, responsive: true, maintainAspectRatio: false,
+        interaction: { mode: "nearest", intersect: true },
+        scales: {
+          x: { title: { display: true, text: "run start (UTC), one point per run" }, offset: labels.length < 3,
+               ticks: { maxRotation: 0, autoSkip: true, autoSkipPadding: 12 } },
+          y: { title: { display: true, text: metric.y_label }, beginAtZero: metric.id === "overhead_vs_ddp_total" },
+        },
+        plugins: {
+          legend: {
+            labels: { filter: (item, chartData) => {
+                        const ds = chartData.datasets[item.datasetIndex];
+                        return !ds._band && !(ds._marker && ds.data.length === 0);  // no empty markers
+                      }, usePointStyle: true, boxHeight: 8 },
+            onClick: (event, item, legend) => {
+              const chart = legend.chart;
+              const key = chart.data.datasets[item.datasetIndex]._series;
+              chart.data.datasets.forEach((ds, i) => {
+                if (i === item.datasetIndex || (key && ds._band === key)) {
+                  chart.setDatasetVisibility(i, !chart.isDatasetVisible(i));
+                }
+              });
+              chart.update();
+            },
+          },
+          tooltip: {
+            filter: (item) => !item.dataset._band,
+            callbacks: {
+              title: (items) => {
+                if (!items.length) return "";
+                const run = data.runs[runIndex(items[0])];
+                const check = run.regression ? `; regression check ${run.regression}` : "";
+                return `${run.run_id} (${run.started} UTC${check})`;
+              },
+              label: tooltipLabel(metric),
+            },
+          },
+        },
+        onClick: (event, elements, chart) => {
+          const hit = elements.find((e) => !chart.data.datasets[e.datasetIndex]._band);
+          if (!hit) return;
+          const ds = chart.data.datasets[hit.datasetIndex];
+          const i = ds._marker ? ds.data[hit.index]._i : hit.index;
+          window.location.href = `runs?run=${encodeURIComponent(data.runs[i].run_id)}`;
+        },
+      },
+    });
+    window.benchmarkCharts[metric.id] = chart;
+  }
+})();
