@@ -17,6 +17,7 @@ A retry, a resume or a re-report needs nothing but this folder. ``RunPaths`` (th
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,8 +26,16 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 def safe_run_id(raw: str) -> str:
-    """Airflow run ids contain ':' and '+'; keep folder names portable."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", raw).strip("_") or "run"
+    """A folder name for a run id: portable, never ``.``/``..``/hidden, and unique.
+
+    Airflow run ids contain ':' and '+'. Characters outside ``[A-Za-z0-9._-]`` become ``_`` and
+    leading/trailing dots and dashes go; whenever that changed the id, a short hash of the raw id
+    is appended, so two run ids never share a folder (``a:b`` and ``a+b`` stay apart).
+    """
+    clean = re.sub(r"[^A-Za-z0-9._-]+", "_", raw).strip("._-")
+    if clean == raw and clean:
+        return clean
+    return f"{clean or 'run'}-{hashlib.sha256(raw.encode()).hexdigest()[:8]}"
 
 
 def cell_name(backend: str, workers: int, repeat: int) -> str:

@@ -16,6 +16,7 @@ they are listed with their reason. Run it on a finished run folder with
 from __future__ import annotations
 
 import base64
+import html
 import json
 import logging
 from pathlib import Path
@@ -187,9 +188,9 @@ def _legend_or_note(ax) -> None:
 def _dataset_lines(summary: RunSummary, config: BenchmarkConfig) -> list[str]:
     manifest = summary.dataset
     if not manifest:
-        return [f"- Source: `{config.dataset_source}` (no snapshot/manifest.json found)"]
-    lines = [f"- Source: `{manifest.get('source', config.dataset_source)}`"
-             + (f" ({manifest['source_kind']})" if manifest.get("source_kind") else "")
+        return [f"- Source: {_text(config.dataset_source)} (no snapshot manifest found)"]
+    lines = [f"- Source: {_text(manifest.get('source', config.dataset_source))}"
+             + (f" ({_text(manifest['source_kind'])})" if manifest.get("source_kind") else "")
              + f", sampling seed {manifest.get('seed', config.seed)}"]
     for split, info in (manifest.get("splits") or {}).items():
         sha = str(info.get("sha256", ""))[:12]
@@ -202,7 +203,7 @@ def _dataset_lines(summary: RunSummary, config: BenchmarkConfig) -> list[str]:
 def _model_lines(summary: RunSummary, config: BenchmarkConfig) -> list[str]:
     sources = summary.model_sources
     weights = ", ".join(sources) or "unknown (no finished cell)"
-    lines = [f"- Model: `{config.model_source}`; weights: {weights}"]
+    lines = [f"- Model: {_text(config.model_source)}; weights: {_text(weights)}"]
     if "random_init" in sources:
         lines.append("- **The model was randomly initialised (no pretrained weights were available): "
                      "its accuracy is NOT comparable with published BERT-tiny results on IMDB.** "
@@ -213,8 +214,8 @@ def _model_lines(summary: RunSummary, config: BenchmarkConfig) -> list[str]:
 def _hardware_lines(summary: RunSummary) -> list[str]:
     hw = summary.hardware
     versions = ", ".join(f"{k} {v}" for k, v in sorted(hw.versions.items())) or "unknown"
-    return [f"- Device(s): {', '.join(hw.devices) or 'unknown'}",
-            f"- Host(s): {', '.join(hw.hosts) or 'unknown'}; "
+    return [f"- Device(s): {_text(', '.join(hw.devices) or 'unknown')}",
+            f"- Host(s): {_text(', '.join(hw.hosts) or 'unknown')}; "
             f"CPU count (evaluating host): {hw.cpu_count}",
             f"- Versions: {versions}"]
 
@@ -249,6 +250,11 @@ def _recovery_lines(summary: RunSummary) -> list[str]:
     return lines
 
 
+def _text(value: Any) -> str:
+    """A value from results or config, inert in Markdown and HTML (errors, sources, names)."""
+    return html.escape(str(value), quote=True).replace("|", "&#124;").replace("`", "&#96;")
+
+
 def render_markdown(config: BenchmarkConfig, summary: RunSummary, plots: list[Path]) -> str:
     failed = summary.failed
     parts = [
@@ -271,7 +277,7 @@ def render_markdown(config: BenchmarkConfig, summary: RunSummary, plots: list[Pa
         "## Model", "\n".join(_model_lines(summary, config)),
         "## Hardware", "\n".join(_hardware_lines(summary)),
         "## Failed cells",
-        "\n".join(f"- `{f.cell}`: {f.error}" for f in failed) if failed else "None.",
+        "\n".join(f"- {_text(f.cell)}: {_text(f.error)}" for f in failed) if failed else "None.",
         "## Plots", "\n\n".join(f"![{p.stem}]({p.name})" for p in plots),
     ]
     return "\n\n".join(parts) + "\n"

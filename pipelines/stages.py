@@ -33,7 +33,10 @@ def prepare_run(profile: str, overrides: dict[str, Any] | None, run_id: str) -> 
     Idempotent for the same inputs (a retried task writes the same file).
     """
     config = load_config(profile, overrides)
-    paths = RunPaths(Path(config.output_root).resolve() / safe_run_id(run_id))
+    root = Path(config.output_root).resolve()
+    paths = RunPaths(root / safe_run_id(run_id))
+    if paths.root.resolve().parent != root:  # safe_run_id never allows it; keep it that way
+        raise ValueError(f"run id {run_id!r} would leave the output root {root}")
     if paths.config.exists():  # a retried task: same config, and its time of birth is kept
         if read_config(paths.config) != config:
             raise FileExistsError(f"{paths.root} already holds a run with a different config")

@@ -48,6 +48,10 @@ __all__ = ["create_app", "list_runs", "load_run", "mlflow_links", "render_page",
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 STATIC_DIR = PROJECT_ROOT / "plugins" / "static"
+REPORT_HEADERS = {
+    "Content-Security-Policy": "sandbox; default-src 'none'; img-src data: 'self'; style-src 'unsafe-inline'",
+    "X-Content-Type-Options": "nosniff",
+}
 REPORT_FILE_TYPES = {".png": "image/png", ".svg": "image/svg+xml", ".html": "text/html",
                      ".md": "text/markdown", ".json": "application/json", ".csv": "text/csv"}
 STATIC_TYPES = {".js": "text/javascript", ".md": "text/markdown", ".css": "text/css"}
@@ -402,7 +406,9 @@ def create_app(auth: Callable[..., Any], root: Path | None = None):
             path, media = report_file(_root(), run_id, name)
         except NotFound as err:
             raise HTTPException(status_code=404, detail=str(err)) from None
-        return FileResponse(path, media_type=media)
+        # The report is user-influenced content (errors, sources) on Airflow's origin: no scripts,
+        # no plugins, no same-origin access, only its inline styles and embedded images.
+        return FileResponse(path, media_type=media, headers=REPORT_HEADERS)
 
     @app.get("/static/{name:path}")
     def static(name: str) -> FileResponse:

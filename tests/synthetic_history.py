@@ -33,7 +33,7 @@ def _parent_id(run_name: str) -> str:
     return hashlib.sha1(run_name.encode()).hexdigest()[:16]
 
 
-def _regression_file(config, paths: RunPaths, summary: dict, baseline: tuple[str, dict] | None) -> dict:
+def _regression_file(config, paths: RunPaths, summary, baseline: tuple[str, dict] | None) -> dict:
     """What pipelines.regression.check_regression writes, with the baseline from the folders."""
     out = {"profile": config.profile, "tracking_uri": config.resolved_tracking_uri(),
            "thresholds": {"time": config.regression_time_threshold,
@@ -43,14 +43,14 @@ def _regression_file(config, paths: RunPaths, summary: dict, baseline: tuple[str
                    message=f"no earlier successful run of profile {config.profile!r}: this run sets the baseline")
     else:
         name, metrics = baseline
-        cells, regressions = compare(config, summary, metrics)
+        cells, regressions = compare(config, summary, metrics, f"the median of runs {name}")
         parent = _parent_id(name)
         against = f"baseline run {name} ({parent})"
         out.update(status="failed" if regressions else "passed", baseline_run_id=parent,
                    baseline_run_name=name, cells=cells, regressions=regressions,
                    message=(f"regression against {against}: " + "; ".join(regressions)) if regressions
                    else f"no regression against {against}")
-    (paths.report / "regression.json").write_text(json.dumps(out, indent=2))
+    paths.regression.write_text(json.dumps(out, indent=2))
     return out
 
 
@@ -89,12 +89,12 @@ def write_history(root: Path, nights: int, profile: str = "nightly", *, now: dat
             cell = paths.cell(backend, workers, repeat)
             status = "failed" if failed_nights.get(night) == cell.name else "ok"
             make_result(backend.value, workers, repeat, slow=slow, status=status,
-                        accuracy_shift=0.002 * (night % 3)).write(cell / "result.json")
+                        accuracy_shift=0.002 * (night % 3)).write(cell.result)
         summary = evaluate_run(config, paths)
         regression = _regression_file(config, paths, summary, baseline)
-        if summary["status"] == "success" and regression["status"] != "failed":
+        if summary.status == "success" and regression["status"] != "failed":
             baseline = (paths.root.name, summary_metrics(summary))
-        (paths.root / "mlflow.json").write_text(json.dumps(
+        paths.mlflow_parent.write_text(json.dumps(
             {config.resolved_tracking_uri(): {"experiment_id": "1", "parent_run_id": _parent_id(paths.root.name)}}))
         record_dag_run(paths.root, DAG_ID, dag_run_id, started)
         stamp = started.timestamp()
