@@ -31,6 +31,7 @@ from pathlib import Path
 from pipelines import runner, stages
 from pipelines.config import PROFILES, Backend, ConfigError, parse_set_options, site_defaults
 from pipelines.paths import RunPaths
+from pipelines.signals import CellTerminated
 
 log = logging.getLogger("pipelines")
 
@@ -132,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return _command(args)
+    except CellTerminated as err:  # SIGTERM/SIGINT: the cell's processes are gone, its result says so
+        print(f"error: {err}", file=sys.stderr)
+        return 128 + err.signum
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

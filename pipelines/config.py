@@ -69,6 +69,11 @@ class BenchmarkConfig(BaseModel):
     min_text_chars: int = Field(1, ge=1)  # GX bounds on raw review length
     max_text_chars: int = Field(20_000, ge=1)
     min_class_fraction: float = Field(0.4, gt=0, le=0.5)  # GX class-balance bound per label
+    # data contract (GX): what a usable benchmark data set is; relaxing it keeps a run out of baselines
+    max_overlap_fraction: float = Field(0.01, ge=0, le=1)  # test rows whose text is also in train
+    max_duplicate_fraction: float = Field(0.05, ge=0, le=1)  # repeated texts within one split
+    min_rows_per_class: int = Field(5, ge=1)  # in train and in test
+    allow_small_data: bool = False  # fewer rows than requested / classes below the minimum pass
     validation_fraction: float = Field(0.1, gt=0, lt=0.5)  # of train, held out (stratified, seeded)
     max_seq_len: int = Field(128, ge=8, le=512)
     tokenizer_source: str = DEFAULT_MODEL  # hub id or local folder with tokenizer files

@@ -4,7 +4,8 @@ A run is compared only with runs that did the same work on the same kind of hard
 runs in ``config.mlflow_experiment`` with the same config fingerprint (``benchmark.fingerprint``:
 every field that changes the work or the result) and hardware class
 (``benchmark.hardware_class``: device kind and count, CPU model, hosts), that succeeded
-(``benchmark.status=success``: no failed cell), did not fail the check themselves and started
+(``benchmark.status=success``: no failed cell), whose data contract was not relaxed
+(``benchmark.baseline_eligible``), did not fail the check themselves and started
 before this run (``benchmark.started_at``, the run folder's birth: a re-report is not a new run).
 Two references, each the median over its runs of the per-cell medians (parent metrics
 ``<backend>-w<N>/total_seconds_median`` and ``.../test_accuracy_median``):
@@ -36,7 +37,7 @@ from pipelines.evaluation import summary_metrics
 from pipelines.fileio import atomic_write_json
 from pipelines.paths import RunPaths
 from pipelines.summary import RunSummary, read_summary
-from pipelines.tracking import (TAG_FINGERPRINT, TAG_HARDWARE, TAG_REGRESSION, TAG_ROLE, TAG_RUN_DIR,
+from pipelines.tracking import (TAG_BASELINE_ELIGIBLE, TAG_FINGERPRINT, TAG_HARDWARE, TAG_REGRESSION, TAG_ROLE, TAG_RUN_DIR,
                                 TAG_STARTED, TAG_STATUS, client_for, parent_run_id, run_started_at)
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,7 @@ def comparable_runs(client, config: BenchmarkConfig, paths: RunPaths, hardware: 
                 if r.info.run_id != own and r.data.tags.get(TAG_RUN_DIR) != own_dir  # not this run
                 and r.data.tags.get(TAG_HARDWARE) == hardware
                 and r.data.tags.get(TAG_REGRESSION) != "failed"  # a regressed run is no yardstick
+                and r.data.tags.get(TAG_BASELINE_ELIGIBLE) != "false"  # relaxed data contract
                 and _started(r) < started]
     return sorted(eligible, key=_started)
 

@@ -110,6 +110,7 @@ def train_cell(run_dir: str, backend: Backend, workers: int, repeat: int = 0,
     every node runs the same cell.
     """
     from pipelines.backends import run_cell
+    from pipelines.signals import terminate_tree_on_signal
     from pipelines.tracking import cell_tracking
 
     config, paths = _load(run_dir)
@@ -121,11 +122,12 @@ def train_cell(run_dir: str, backend: Backend, workers: int, repeat: int = 0,
         return {"cell": cell.name, "status": done.status, "total_seconds": done.total_seconds, "skipped": True}
     if node_rank is not None:
         config = config.model_copy(update={"ddp_node_rank": node_rank})
-    if config.ddp_node_rank > 0:  # node 0 tracks the cell; other nodes only lend processes
-        result = run_cell(config, paths, backend, workers, repeat)
-    else:
-        with cell_tracking(config, paths, backend, workers, repeat):
+    with terminate_tree_on_signal():  # SIGTERM/SIGINT: no orphan keeps training, the cell fails
+        if config.ddp_node_rank > 0:  # node 0 tracks the cell; other nodes only lend processes
             result = run_cell(config, paths, backend, workers, repeat)
+        else:
+            with cell_tracking(config, paths, backend, workers, repeat):
+                result = run_cell(config, paths, backend, workers, repeat)
     return {"cell": cell.name, "status": result.status, "total_seconds": result.total_seconds,
             "skipped": False}
 

@@ -55,6 +55,16 @@ TAG_LOGGED = "benchmark.logged_sha256"  # hash of what was logged: re-logging is
 TAG_FINGERPRINT = "benchmark.fingerprint"  # BenchmarkConfig.fingerprint(): what the run did
 TAG_HARDWARE = "benchmark.hardware_class"  # where: device kind/count, CPU model, hosts
 TAG_STARTED = "benchmark.started_at"  # when the run folder was made (a re-report keeps it)
+TAG_BASELINE_ELIGIBLE = "benchmark.baseline_eligible"  # false: the data contract was relaxed
+
+
+def baseline_eligible(paths: RunPaths) -> bool:
+    """False when the snapshot passed only because the data contract was relaxed."""
+    try:
+        summary = json.loads(paths.validation_summary("snapshot").read_text())
+    except (OSError, ValueError):
+        return True
+    return not summary.get("contract", {}).get("relaxed", False)
 
 
 def run_started_at(paths: RunPaths) -> float:
@@ -410,6 +420,7 @@ def log_benchmark(config: BenchmarkConfig, paths: RunPaths) -> dict[str, Any]:
     client.set_tag(parent_id, TAG_FINGERPRINT, summary.fingerprint or config.fingerprint())
     client.set_tag(parent_id, TAG_HARDWARE, summary.hardware.hardware_class)
     client.set_tag(parent_id, TAG_STARTED, repr(run_started_at(paths)))
+    client.set_tag(parent_id, TAG_BASELINE_ELIGIBLE, str(baseline_eligible(paths)).lower())
     client.set_tag(parent_id, "model_sources", ",".join(summary.model_sources) or "unknown")
     devices = summary.hardware.devices
     client.set_tag(parent_id, "devices", ",".join(devices) or "unknown")

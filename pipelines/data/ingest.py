@@ -93,11 +93,43 @@ def _load_hub(dataset_id: str) -> dict[str, pd.DataFrame]:
     return {s: dsd[s].to_pandas() for s in SPLITS}
 
 
+def _not_utf8(path: Path, err: UnicodeDecodeError) -> DataSourceError:
+    """Name the file, the line and the byte that is not UTF-8, and how to convert it."""
+    data = path.read_bytes()
+    line = data.count(b"\n", 0, err.start) + 1
+    return DataSourceError(
+        f"{path}: line {line}, byte {err.start}: not UTF-8 ({err.reason}: {data[err.start:err.start + 4]!r}). "
+        f"Reviews are read as UTF-8: convert the file, e.g. iconv -f latin1 -t utf-8 {path.name} > fixed.{path.suffix.lstrip('.')}")
+
+
+def _read_text_table(path: Path, kind: str) -> pd.DataFrame:
+    """CSV / JSON lines with errors that name the file, line and encoding, and the fix."""
+    try:
+        if kind == "csv":
+            # text as str: a review "123" must not become a number; an empty field is null
+            frame = pd.read_csv(path, dtype={"text": str}, encoding="utf-8")
+        else:
+            frame = pd.read_json(path, lines=True, dtype=False, encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise _not_utf8(path, err) from None
+    except (pd.errors.ParserError, ValueError) as err:
+        raise DataSourceError(f"{path}: cannot parse it as {kind.upper()} ({err}). Expected a header with "
+                              "columns text,label separated by commas (CSV) or one JSON object per line "
+                              "(JSON lines); check the delimiter and quoting.") from None
+    if kind == "csv" and len(frame.columns) == 1 and any(sep in str(frame.columns[0]) for sep in ";\t|"):
+        raise DataSourceError(f"{path}: one column {frame.columns[0]!r}: the file is not comma-separated. "
+                              "Save it with ',' as delimiter (columns text,label).")
+    return frame
+
+
 def _read_acl_split(split_dir: Path) -> pd.DataFrame:
     rows = []
     for folder, label in (("neg", 0), ("pos", 1)):  # the original tree: sentiment = folder
         for f in sorted((split_dir / folder).glob("*.txt")):
-            rows.append((f.read_text(encoding="utf-8"), label))
+            try:
+                rows.append((f.read_text(encoding="utf-8"), label))
+            except UnicodeDecodeError as err:
+                raise _not_utf8(f, err) from None
     return pd.DataFrame(rows, columns=["text", "label"]).astype({"label": "int64"})
 
 
@@ -110,10 +142,9 @@ def _find_split(root: Path, split: str) -> tuple[str, pd.DataFrame] | None:
     if shards:
         return "parquet", pd.concat([pd.read_parquet(f) for f in shards], ignore_index=True)
     if (root / f"{split}.csv").is_file():
-        # text as str: a review "123" must not become a number; an empty field is null
-        return "csv", pd.read_csv(root / f"{split}.csv", dtype={"text": str})
+        return "csv", _read_text_table(root / f"{split}.csv", "csv")
     if (root / f"{split}.jsonl").is_file():
-        return "jsonl", pd.read_json(root / f"{split}.jsonl", lines=True, dtype=False)
+        return "jsonl", _read_text_table(root / f"{split}.jsonl", "jsonl")
     if (root / split / "pos").is_dir() or (root / split / "neg").is_dir():
         return "aclimdb", _read_acl_split(root / split)
     return None

@@ -13,8 +13,11 @@ failures, train/test overlap), GX's own stores (``gx_store/``) and the Data Docs
 ``snapshot_summary.json`` says the current snapshot passed.
 
 Fails with ``DataValidationError`` whose message lists each failed expectation as
-split, expectation type, column and observed value. Exact duplicate reviews across train
-and test are counted and reported as a warning, not a failure (IMDB itself has a few).
+split, expectation type, column and observed value. The data contract (suite
+``snapshot_contract``) refuses test rows whose text is also in train above
+``max_overlap_fraction`` (IMDB itself has 0.5 %), repeated texts within a split above
+``max_duplicate_fraction``, fewer rows than requested and classes below ``min_rows_per_class``
+(the last two pass with ``allow_small_data``, and such a run is never a regression baseline).
 """
 
 from __future__ import annotations
@@ -258,6 +261,49 @@ def _overlap(frames: dict[str, pd.DataFrame]) -> dict:
     }
 
 
+def contract_frame(frames: dict[str, pd.DataFrame], manifest: dict, labels: list[int]) -> pd.DataFrame:
+    """One row of data-contract facts: leakage, duplicates, rows against the request, class sizes."""
+    facts: dict[str, float] = {}
+    if all("text" in f.columns for f in frames.values()):
+        train_texts = set(frames["train"]["text"].dropna()) | set(frames["validation"]["text"].dropna())
+        test = frames["test"]["text"]
+        facts["test_rows_in_train_fraction"] = float(test.isin(train_texts).mean()) if len(test) else 0.0
+        for split, frame in frames.items():
+            facts[f"duplicate_fraction_{split}"] = float(frame["text"].duplicated().mean()) if len(frame) else 0.0
+    splits = manifest.get("splits", {})
+    sampled = {"train": splits.get("train", {}).get("rows", 0) + splits.get("validation", {}).get("rows", 0),
+               "test": splits.get("test", {}).get("rows", 0)}
+    for split in ("train", "test"):
+        requested = splits.get(split, {}).get("requested_samples")
+        facts[f"rows_short_{split}"] = float(max(0, (requested or 0) - sampled[split]))
+        counts = frames[split]["label"].value_counts() if "label" in frames[split].columns else pd.Series()
+        facts[f"smallest_class_{split}"] = float(min((counts.get(k, 0) for k in labels), default=0))
+    return pd.DataFrame([facts])
+
+
+def contract_expectations(config: BenchmarkConfig, columns: list[str]) -> list:
+    import great_expectations.expectations as gxe
+
+    out = []
+    for column in columns:
+        if column == "test_rows_in_train_fraction":
+            out.append(gxe.ExpectColumnValuesToBeBetween(column=column, max_value=config.max_overlap_fraction))
+        elif column.startswith("duplicate_fraction_"):
+            out.append(gxe.ExpectColumnValuesToBeBetween(column=column, max_value=config.max_duplicate_fraction))
+        elif column.startswith("rows_short_") and not config.allow_small_data:
+            out.append(gxe.ExpectColumnValuesToBeBetween(column=column, max_value=0))
+        elif column.startswith("smallest_class_") and not config.allow_small_data:
+            out.append(gxe.ExpectColumnValuesToBeBetween(column=column, min_value=config.min_rows_per_class))
+    return out
+
+
+def contract_relaxed(config: BenchmarkConfig, facts: dict) -> bool:
+    """The data passed only because allow_small_data let it: such a run is never a baseline."""
+    small = any(v > 0 for k, v in facts.items() if k.startswith("rows_short_")) or any(
+        v < config.min_rows_per_class for k, v in facts.items() if k.startswith("smallest_class_"))
+    return config.allow_small_data and small
+
+
 def validate_snapshot(config: BenchmarkConfig, paths: RunPaths) -> dict:
     """GX suites on both snapshot splits; returns the summary or raises DataValidationError."""
     manifest = read_manifest(paths)
@@ -269,10 +315,17 @@ def validate_snapshot(config: BenchmarkConfig, paths: RunPaths) -> dict:
     for split in SNAPSHOT_SPLITS:
         results[split] = _run_suite(context, paths, "snapshot", split, frames[split],
                                     snapshot_expectations(config, manifest["splits"][split]["rows"], labels))
+        if split == "validation":  # carved from train, stratified: its balance is train's
+            continue
         # class balance: each of the task's classes holds at least its share of the split
         results[f"{split}_classes"] = _run_suite(context, paths, "snapshot", f"{split}_classes",
                                                  class_frame(frames[split], labels),
                                                  class_expectations(config, labels))
+    # the data contract: no leakage into test, few duplicates, the rows and classes asked for
+    contract = contract_frame(frames, manifest, labels)
+    results["contract"] = _run_suite(context, paths, "snapshot", "contract", contract,
+                                     contract_expectations(config, list(contract.columns)))
+    facts = contract.iloc[0].to_dict()
     overlap = _overlap(frames)
     if overlap["test_rows_in_train"]:
         log.warning("%d test reviews also appear in train (exact duplicates)", overlap["test_rows_in_train"])
@@ -280,6 +333,7 @@ def validate_snapshot(config: BenchmarkConfig, paths: RunPaths) -> dict:
         "train_test_overlap": overlap,
         "snapshot_sha256": {s: manifest["splits"][s]["sha256"] for s in SNAPSHOT_SPLITS},
         "labels": labels,
+        "contract": {"facts": facts, "relaxed": contract_relaxed(config, facts)},
     }
     return _finish(paths, context, "snapshot", results, extra)
 

@@ -84,7 +84,7 @@ def _one_class(rows):
 def test_corrupt_data_fails_with_named_expectation_and_is_never_tokenized(
     corrupt, expected, make_config, write_source, real_rows
 ):
-    config = make_config(dataset_source=str(write_source(**corrupt(real_rows))))
+    config = make_config(dataset_source=str(write_source(**corrupt(real_rows))), allow_small_data=True)
     paths = _run(config)
     ingest(config, paths)  # ingest copies what is there; validation is the judge
 
@@ -105,22 +105,27 @@ def test_corrupt_data_fails_with_named_expectation_and_is_never_tokenized(
 
 
 def test_text_length_bounds_come_from_config(make_config, write_source):
-    config = make_config(dataset_source=str(write_source()), max_text_chars=100)
+    config = make_config(dataset_source=str(write_source()), max_text_chars=100, allow_small_data=True)
     paths = _run(config)
     ingest(config, paths)
     with pytest.raises(DataValidationError, match="expect_column_value_lengths_to_be_between on text"):
         validate_snapshot(config, paths)
 
 
-def test_train_test_overlap_is_reported_not_failed(make_config, write_source, real_rows):
+def test_train_test_overlap_above_the_bound_fails(make_config, write_source, real_rows):
     test = real_rows["test"].copy()
-    test.loc[[0, 25], "text"] = real_rows["train"].loc[[1, 30], "text"].to_numpy()  # one per class
-    config = make_config(dataset_source=str(write_source(test=test)))
+    test.loc[[0, 25], "text"] = real_rows["train"].loc[[1, 30], "text"].to_numpy()  # 2 of 40: 5 %
+    source = str(write_source(test=test))
+    config = make_config(dataset_source=source, allow_small_data=True)
     paths = _run(config)
     ingest(config, paths)
-    summary = validate_snapshot(config, paths)
-    assert summary["success"]
-    assert summary["train_test_overlap"]["test_rows_in_train"] == 2
+    with pytest.raises(DataValidationError, match="contract: expect_column_values_to_be_between on "
+                                                  "test_rows_in_train_fraction: observed 1 of 1 rows unexpected"):
+        validate_snapshot(config, paths)
+    tolerant = make_config(dataset_source=source, allow_small_data=True, max_overlap_fraction=0.1)
+    summary = validate_snapshot(tolerant, paths)  # a bound the team chose on purpose
+    assert summary["success"] and summary["train_test_overlap"]["test_rows_in_train"] == 2
+    assert summary["contract"]["facts"]["test_rows_in_train_fraction"] == pytest.approx(0.05)
 
 
 def test_preprocess_refuses_unvalidated_or_changed_snapshot(make_config):
@@ -141,14 +146,15 @@ def test_preprocess_refuses_unvalidated_or_changed_snapshot(make_config):
 def test_failure_lists_every_problem_once_per_split(make_config, write_source, real_rows):
     train = real_rows["train"].copy()
     train.loc[0, "label"] = 5
-    config = make_config(dataset_source=str(write_source(train=train, test=real_rows["test"].iloc[0:0])))
+    config = make_config(dataset_source=str(write_source(train=train, test=real_rows["test"].iloc[0:0])),
+                         allow_small_data=True)
     paths = _run(config)
     ingest(config, paths)
     with pytest.raises(DataValidationError) as err:
         validate_snapshot(config, paths)
     summary = json.loads((paths.validation / "snapshot_summary.json").read_text())
     splits = {f["split"] for f in summary["failures"]}
-    assert splits == {"train", "train_classes", "validation_classes", "test", "test_classes"}
+    assert splits == {"train", "train_classes", "test", "test_classes"}
     assert "train: expect_column_values_to_be_in_set on label" in str(err.value)  # 5 is not in 0..2
     assert len(str(err.value).splitlines()) == len(summary["failures"]) + 2  # header + lines + paths
     assert isinstance(pd.read_json(paths.validation / "snapshot_test.json", typ="series")["results"], list)
