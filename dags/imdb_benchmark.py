@@ -78,7 +78,7 @@ from airflow.sdk import (
 # pipelines.config and .runner need only pydantic, which Airflow has already imported: ~5 ms.
 # They keep the form's choices and bounds, and the step order, identical to the CLI's.
 # Everything heavy is imported inside tasks.
-from pipelines.config import PROFILES, Backend, BenchmarkConfig, site_defaults
+from pipelines.config import DEPLOYMENT_FIELDS, PROFILES, Backend, BenchmarkConfig, site_defaults
 from pipelines.runner import FINISH_STEPS
 
 log = logging.getLogger("imdb_benchmark")  # the module name Airflow gives the file is unreadable
@@ -103,10 +103,6 @@ def _number(field: str, kind: str, title: str, description: str, section: str) -
     """Optional number: empty (null) keeps the profile's value."""
     return Param(None, type=[kind, "null"], title=title, description=description, section=section,
                  **_bounds(field))
-
-
-def _text(title: str, description: str, section: str) -> Param:
-    return Param(None, type=["string", "null"], title=title, description=description, section=section)
 
 
 def _profiles_md() -> str:
@@ -152,21 +148,24 @@ PARAMS = {
     "test_samples": _number("test_samples", "integer", "Test reviews",
                             "Stratified sample of the test split.", "Data"),
     "max_seq_len": _number("max_seq_len", "integer", "Max sequence length", "Tokens per review.", "Data"),
-    "dataset_source": _text("Dataset", "Hub id or local folder (parquet/csv/jsonl/aclImdb).", "Sources"),
-    "tokenizer_source": _text("Tokenizer", "Hub id or local folder with tokenizer files.", "Sources"),
-    "model_source": _text("Model", "Hub id or folder; a folder without weights = random init.", "Sources"),
-    "output_root": _text("Output folder", "Run folders are created under it.", "Sources"),
     "overrides": Param(None, type=["object", "null"], title="Other config fields", section="Advanced",
                        description_md="JSON object of any other `BenchmarkConfig` field, e.g. "
-                                      '`{"spark_master": "spark://host:7077"}`; unknown keys are refused.'),
+                                      '`{"warmup_ratio": 0.2}`; unknown keys are refused, and so are '
+                                      "deployment fields (data, model and output locations, masters, "
+                                      "tracking URI): those come from the workers' environment."),
 }
 # Form fields that map 1:1 onto BenchmarkConfig fields.
 CONFIG_PARAMS = tuple(k for k in PARAMS if k not in ("profile", "overrides"))
 
 
 def overrides_from_params(params: dict, environ: dict | None = None) -> dict:
-    """Trigger params -> config overrides: site defaults from env, then the non-empty params."""
+    """Trigger params -> config overrides: site defaults from env, then the non-empty params.
+    Deployment fields come from the environment only (pipelines.config.DEPLOYMENT_FIELDS)."""
     environ = os.environ if environ is None else environ
+    refused = sorted(DEPLOYMENT_FIELDS & {*params, *(params.get("overrides") or {})})
+    if refused:
+        raise ValueError(f"{', '.join(refused)}: set by the deployment (BENCHMARK_* / MLFLOW_TRACKING_URI "
+                         "environment of the Airflow workers), not by a trigger")
     overrides = site_defaults(environ)
     overrides.update({k: params[k] for k in CONFIG_PARAMS if params.get(k) not in (None, "", [])})
     overrides.update(params.get("overrides") or {})
@@ -236,7 +235,7 @@ def imdb_benchmark():
     @task
     def prepare_run() -> str:
         """Resolve the config (profile + params) and create the run folder; returns its path."""
-        from pipelines import stages
+        from pipelines import preflight, stages
         from pipelines.config import load_config
         from pipelines.trends import record_dag_run
 
@@ -245,7 +244,9 @@ def imdb_benchmark():
         overrides = overrides_from_params(params)
         # Refuse worker counts the train tasks cannot run before any work is done.
         slots = os.environ.get(SLOTS_ENV)
-        plan_by_workers(load_config(params["profile"], overrides).cells(), int(slots) if slots else None)
+        config = load_config(params["profile"], overrides)
+        plan_by_workers(config.cells(), int(slots) if slots else None)
+        preflight.check(config)  # tokenizer, model config, writable output, disk: seconds, not a data stage
         run_dir = stages.prepare_run(params["profile"], overrides, run_id=ctx["run_id"])
         record_dag_run(run_dir, ctx["dag"].dag_id, ctx["run_id"])  # the page links back to this run
         log.info("run folder: %s", run_dir)

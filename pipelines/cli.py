@@ -28,8 +28,8 @@ import time
 import traceback
 from pathlib import Path
 
-from pipelines import runner, stages
-from pipelines.config import PROFILES, Backend, ConfigError, parse_set_options, site_defaults
+from pipelines import preflight, runner, stages
+from pipelines.config import PROFILES, Backend, ConfigError, parse_set_options, read_config, site_defaults
 from pipelines.paths import RunPaths
 from pipelines.signals import CellTerminated
 
@@ -109,6 +109,9 @@ def _command(args: argparse.Namespace) -> int:
         return 0
     run_dir = _run_dir(args)
     print(f"run folder: {run_dir}", flush=True)
+    # cheap checks first: a doomed run fails in seconds, not after the data stage
+    preflight.check(read_config(RunPaths(Path(run_dir)).config),
+                    [args.workers] if args.command == "train" else None)
     _ensure_data(run_dir)
     if args.command == "train":
         try:

@@ -210,7 +210,16 @@ SITE_DEFAULT_ENV = {
     "dataset_source": "BENCHMARK_DATASET_SOURCE",
     "tokenizer_source": "BENCHMARK_TOKENIZER_SOURCE",
     "model_source": "BENCHMARK_MODEL_SOURCE",
+    "spark_master": "BENCHMARK_SPARK_MASTER",
+    "determined_master": "BENCHMARK_DETERMINED_MASTER",
 }
+# Where a run reads, writes, trains and reports: set by whoever deploys the benchmark (the
+# environment above, MLFLOW_TRACKING_URI), never by a DAG trigger, so a trigger cannot point a
+# run, or the credentials it carries, at another machine or folder.
+DEPLOYMENT_FIELDS = frozenset({
+    "output_root", "dataset_source", "tokenizer_source", "model_source", "spark_master",
+    "determined_master", "ddp_rdzv_endpoint", "ddp_nnodes", "ddp_node_rank", "mlflow_tracking_uri",
+})
 
 
 def site_defaults(environ: dict[str, str] | None = None) -> dict[str, str]:

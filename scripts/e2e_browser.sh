@@ -55,11 +55,9 @@ export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 airflow standalone > "$ART/airflow.log" 2>&1 &
 AIRFLOW_PID=$!
 
-DATA="$(realpath -m "${SHARED_DATA:-$ROOT/../shared/data}")"
 CONF=$(cat <<EOF
 {"profile": "smoke", "backends": ["ddp"], "worker_counts": [1], "epochs": 2, "repeats": 2,
- "train_samples": 200, "test_samples": 100, "max_seq_len": 64,
- "dataset_source": "$DATA/imdb", "tokenizer_source": "$DATA/bert-tiny", "model_source": "$DATA/bert-tiny"}
+ "train_samples": 200, "test_samples": 100, "max_seq_len": 64}
 EOF
 )
 rc=0

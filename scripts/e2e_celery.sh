@@ -68,11 +68,9 @@ start scheduler airflow scheduler
 start dag-processor airflow dag-processor
 start celery-worker airflow celery worker --concurrency 2
 
-DATA="$(realpath -m "${SHARED_DATA:-$ROOT/../shared/data}")"
 CONF=$(cat <<JSON
 {"profile": "smoke", "backends": ["ddp"], "worker_counts": [1], "epochs": 1, "repeats": 1,
- "train_samples": 200, "test_samples": 100, "max_seq_len": 64,
- "dataset_source": "$DATA/imdb", "tokenizer_source": "$DATA/bert-tiny", "model_source": "$DATA/bert-tiny"}
+ "train_samples": 200, "test_samples": 100, "max_seq_len": 64}
 JSON
 )
 rc=0

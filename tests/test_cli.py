@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -84,3 +85,17 @@ def test_bad_input_is_refused_with_the_field_named(tmp_path):
     assert proc.returncode == 2 and "epochs" in proc.stderr
     proc = cli("report", str(tmp_path / "nowhere"), cwd=tmp_path)
     assert proc.returncode == 2 and "not a run folder" in proc.stderr
+
+
+def test_a_doomed_run_fails_in_seconds_before_the_data_stage(tmp_path, imdb_dir, bert_tiny_dir):
+    start = time.monotonic()
+    proc = cli("train", "--backend", "ddp", "--workers", "0", "--profile", "smoke", "--output",
+               str(tmp_path / "out"), "--run-id", "zero", *data_options(imdb_dir, bert_tiny_dir), cwd=tmp_path)
+    assert proc.returncode == 2 and "workers: 0 is not a worker count" in proc.stderr
+    assert not RunPaths(tmp_path / "out" / "zero").snapshot.exists()  # no data stage ran
+
+    proc = cli("data", "--profile", "smoke", "--output", str(tmp_path / "out"), "--run-id", "bad-model",
+               *data_options(imdb_dir, bert_tiny_dir), "--set", f"model_source={tmp_path / 'no-model'}",
+               cwd=tmp_path)
+    assert proc.returncode == 2 and "model_source=" in proc.stderr and "no-model" in proc.stderr
+    assert time.monotonic() - start < 120  # seconds of checks, never a Spark job

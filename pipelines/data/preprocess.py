@@ -105,6 +105,9 @@ def preprocess(config: BenchmarkConfig, paths: RunPaths) -> dict:
     quiet = {"spark.ui.showConsoleProgress": "false"}  # progress bars garble task logs
     spark = get_spark(config.spark_master, app_name="preprocess", conf=quiet)
     manifest = json.loads(paths.manifest.read_text())
+    for stale in paths.root.glob(".tokens.tmp-*"):  # left by a tokenization that was killed
+        log.warning("removing %s, left by an earlier preprocess that did not finish", stale)
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = paths.root / f".tokens.tmp-{uuid.uuid4().hex[:8]}"
     stats: dict = {"rows": {}, "num_shards": {}, "max_seq_len": config.max_seq_len,
                    "tokenizer_source": config.tokenizer_source}

@@ -1,31 +1,49 @@
 """Per-epoch checkpoints of the shared training loop: ``<cell>/checkpoints/epoch-NNNN.pt``.
 
 Written by rank 0 only, atomically (``pipelines.fileio.atomic_write``: temp file, fsync,
-rename), so a kill mid-write leaves the previous checkpoint intact; only the newest one is kept (~50 MB for BERT-tiny + AdamW).
-Everything stored is tensors or plain Python types, so reading back works with
-``torch.load(..., weights_only=True)`` and no pickled code is ever executed.
+rename), each with a ``.sha256`` sidecar written after it; the newest ``KEEP`` are kept (~50 MB
+each for BERT-tiny + AdamW). ``latest_good_checkpoint`` verifies the checksum and that the file
+loads before anything resumes from it: a checkpoint that fails either is moved aside as
+``<name>.corrupt-<time>`` (kept for inspection, named in a warning) and the previous one is tried;
+with none left the cell starts over, saying so. Everything stored is tensors or plain Python
+types, so reading back works with ``torch.load(..., weights_only=True)`` and no pickled code is
+ever executed.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
+import logging
 import random
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from pipelines.fileio import atomic_write
+from pipelines.fileio import atomic_write, atomic_write_text
 
+log = logging.getLogger(__name__)
 PATTERN = "epoch-*.pt"
+KEEP = 2  # the newest and the one before: something to fall back on if the newest is damaged
+
+
+def _sidecar(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
 
 
 def save_checkpoint(state: dict[str, Any], directory: Path, epoch: int) -> Path:
     path = Path(directory) / f"epoch-{epoch:04d}.pt"
-    atomic_write(path, lambda fh: torch.save(state, fh))
-    for old in directory.glob(PATTERN):  # keep the newest only
-        if old != path:
-            old.unlink(missing_ok=True)
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    data = buffer.getvalue()
+    atomic_write(path, lambda fh: fh.write(data))
+    atomic_write_text(_sidecar(path), hashlib.sha256(data).hexdigest())
+    for old in sorted(Path(directory).glob(PATTERN))[:-KEEP]:
+        old.unlink(missing_ok=True)
+        _sidecar(old).unlink(missing_ok=True)
     return path
 
 
@@ -36,6 +54,41 @@ def latest_checkpoint(directory: Path) -> Path | None:
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
     return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _verified(path: Path) -> dict[str, Any]:
+    """The checkpoint's state, or ValueError saying what is wrong with the file."""
+    sidecar = _sidecar(path)
+    if not sidecar.exists():
+        raise ValueError("no checksum file (written after the checkpoint: the write never finished)")
+    data = path.read_bytes()
+    if hashlib.sha256(data).hexdigest() != sidecar.read_text().strip():
+        raise ValueError(f"checksum mismatch ({len(data)} bytes on disk)")
+    try:
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as err:  # a torch.load error of any kind means: not usable
+        raise ValueError(f"cannot be loaded ({type(err).__name__}: {err})") from None
+
+
+def latest_good_checkpoint(directory: Path, move_aside: bool = True) -> tuple[Path | None, dict | None]:
+    """Newest checkpoint that verifies, moving damaged ones aside (``move_aside``: rank 0 only;
+    the other ranks skip the same files, so every rank resumes from the same one)."""
+    for path in sorted(Path(directory).glob(PATTERN), reverse=True):
+        try:
+            return path, _verified(path)
+        except (OSError, ValueError) as err:
+            if move_aside:
+                aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}")
+                path.replace(aside)
+                if _sidecar(path).exists():
+                    _sidecar(path).replace(aside.with_name(aside.name + ".sha256"))
+                log.warning("checkpoint %s is damaged (%s): moved aside to %s; trying the previous one",
+                            path, err, aside)
+            else:
+                log.warning("checkpoint %s is damaged (%s): skipped", path, err)
+    if any(Path(directory).glob("epoch-*.pt.corrupt-*")):
+        log.warning("no usable checkpoint left in %s: this cell starts over from epoch 1", directory)
+    return None, None
 
 
 def rng_state() -> dict[str, Any]:

@@ -216,11 +216,11 @@ def run_training(spec: CellSpec, launch_time: float, distributed: TorchDistribut
 
 
 def _resume_state(spec: CellSpec, env: DistEnv) -> tuple[dict | None, str | None]:
-    """The newest checkpoint of the cell (every rank reads the one rank 0 wrote), checked."""
-    last = ckpt.latest_checkpoint(spec.cell.checkpoints)
+    """The newest good checkpoint of the cell (checksum and load verified; damaged ones are
+    moved aside by rank 0), checked against this cell's config and world size."""
+    last, state = ckpt.latest_good_checkpoint(spec.cell.checkpoints, move_aside=env.is_main)
     if last is None:
         return None, None
-    state = ckpt.load_checkpoint(last)
     written_by = BenchmarkConfig.model_validate_json(state["config"]).training_identity()
     if written_by != spec.config.training_identity() or state["world_size"] != env.world_size:
         raise RuntimeError(f"{last} was written by a different training config or world size; "

@@ -103,12 +103,13 @@ def test_regression_alarm_mails_through_airflow_and_the_asset_event_is_emitted(
     matrix = {"backends": ["ddp"], "worker_counts": [1]}
     baseline = _baseline_in_mlflow(out, matrix)
     conf = {"profile": "smoke", **matrix, "epochs": 1, "train_samples": 64, "test_samples": 32,
-            "max_seq_len": 16, "dataset_source": str(imdb_dir), "tokenizer_source": str(bert_tiny_dir),
-            "model_source": str(bert_tiny_dir), "output_root": str(out)}
+            "max_seq_len": 16}
     connection = {"conn_type": "smtp", "host": "127.0.0.1", "port": port,
                   "extra": {"disable_ssl": True, "disable_tls": True, "retry_limit": 0, "timeout": 10,
                             "from_email": "benchmarks@localhost", "to": "ml-team@localhost"}}
-    env = {**env, "AIRFLOW_CONN_BENCHMARK_ALERTS": json.dumps(connection)}
+    env = {**env, "AIRFLOW_CONN_BENCHMARK_ALERTS": json.dumps(connection),  # the deployment's settings:
+           "BENCHMARK_OUTPUT_ROOT": str(out), "BENCHMARK_DATASET_SOURCE": str(imdb_dir),
+           "BENCHMARK_TOKENIZER_SOURCE": str(bert_tiny_dir), "BENCHMARK_MODEL_SOURCE": str(bert_tiny_dir)}
     done = subprocess.run(["airflow", "dags", "test", "imdb_benchmark", "-c", json.dumps(conf)],
                           cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=420)
     (tmp_path / "dags_test.log").write_text(done.stdout + done.stderr)

@@ -164,7 +164,7 @@ def test_trigger_conf_with_bad_values_is_refused(scheduler_params, conf, field):
 
 def test_trigger_conf_with_good_values_is_accepted(scheduler_params):
     conf = {"profile": "smoke", "backends": ["ddp", "spark"], "worker_counts": [1, 2], "epochs": 1,
-            "learning_rate": 0.001, "dataset_source": "/data/imdb", "overrides": {"seed": 7}}
+            "learning_rate": 0.001, "overrides": {"seed": 7}}
     resolved = copy.deepcopy(scheduler_params).deep_merge(conf).validate()
     assert resolved["backends"] == ["ddp", "spark"] and resolved["epochs"] == 1
     assert resolved["batch_size"] is None  # left empty: the profile's value
@@ -177,13 +177,19 @@ def test_params_become_config_overrides():
     from pipelines.config import load_config
 
     env = {"BENCHMARK_OUTPUT_ROOT": "/srv/runs", "BENCHMARK_DATASET_SOURCE": "/srv/imdb"}
-    params = {"profile": "smoke", "backends": [], "worker_counts": [1], "epochs": None, "output_root": "",
-              "dataset_source": "/other/imdb", "batch_size": 8, "overrides": {"seed": 3}}
+    params = {"profile": "smoke", "backends": [], "worker_counts": [1], "epochs": None,
+              "batch_size": 8, "overrides": {"seed": 3}}
     overrides = overrides_from_params(params, env)
-    assert overrides == {"output_root": "/srv/runs", "dataset_source": "/other/imdb", "worker_counts": [1],
+    assert overrides == {"output_root": "/srv/runs", "dataset_source": "/srv/imdb", "worker_counts": [1],
                          "batch_size": 8, "seed": 3}
     config = load_config("smoke", overrides)
     assert config.epochs == 2 and config.batch_size == 8 and config.backends  # profile + params
+    # where a run reads, writes and reports is the deployment's: a trigger cannot move it
+    for hostile in ({"overrides": {"mlflow_tracking_uri": "http://evil.example"}},
+                    {"overrides": {"output_root": "/"}}, {"dataset_source": "/etc"},
+                    {"overrides": {"spark_master": "spark://evil:7077", "determined_master": "x"}}):
+        with pytest.raises(ValueError, match="set by the deployment"):
+            overrides_from_params({**params, **hostile}, env)
 
 
 def test_cells_are_grouped_by_worker_count_and_checked_against_the_pool():
@@ -211,6 +217,12 @@ def _dags_test(env: dict, conf: dict, timeout: int = 420) -> subprocess.Complete
                           cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def _deployment(env: dict, out: Path, data: Path, model: Path) -> dict:
+    """The deployment's settings (what scripts/airflow_env.sh exports), not trigger params."""
+    return {**env, "BENCHMARK_OUTPUT_ROOT": str(out), "BENCHMARK_DATASET_SOURCE": str(data),
+            "BENCHMARK_TOKENIZER_SOURCE": str(model), "BENCHMARK_MODEL_SOURCE": str(model)}
+
+
 def _task_states(home: Path, run_dir: Path) -> dict[str, list[str]]:
     """Task states of the run that wrote run_dir, read from the metadata DB."""
     with sqlite3.connect(home / "airflow.db") as db:
@@ -234,10 +246,8 @@ def test_dags_test_runs_the_whole_benchmark(airflow_home, tmp_path, imdb_dir, be
     home, env = airflow_home
     out = tmp_path / "runs"
     conf = {"profile": "smoke", "backends": ["ddp", "spark", "determined"], "worker_counts": [1],
-            "epochs": 1, "train_samples": 160, "test_samples": 80, "max_seq_len": 32,
-            "dataset_source": str(imdb_dir), "tokenizer_source": str(bert_tiny_dir),
-            "model_source": str(bert_tiny_dir), "output_root": str(out)}
-    done = _dags_test(env, conf)
+            "epochs": 1, "train_samples": 160, "test_samples": 80, "max_seq_len": 32}
+    done = _dags_test(_deployment(env, out, imdb_dir, bert_tiny_dir), conf)
     (tmp_path / "dags_test.log").write_text(done.stdout + done.stderr)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-6000:]
 
@@ -253,7 +263,7 @@ def test_dags_test_runs_the_whole_benchmark(airflow_home, tmp_path, imdb_dir, be
     assert (config["profile"], config["epochs"], config["backends"]) == ("smoke", 1, conf["backends"])
     snapshot = {p.name for p in (run_dir / "snapshot").iterdir()}
     assert snapshot >= {"train.parquet", "test.parquet", "manifest.json"}
-    assert len(pd.read_parquet(run_dir / "snapshot" / "train.parquet")) == 160
+    assert len(pd.read_parquet(run_dir / "snapshot" / "train.parquet")) == 144  # + 16 validation
     assert list((run_dir / "validation").glob("*.json"))
     for split in ("train", "test"):
         assert list((run_dir / "tokens" / split).glob("part-*.parquet"))
@@ -266,8 +276,8 @@ def test_dags_test_runs_the_whole_benchmark(airflow_home, tmp_path, imdb_dir, be
 @pytest.mark.slow
 def test_dags_test_refuses_bad_params_before_any_task(airflow_home, tmp_path):
     _, env = airflow_home
-    done = _dags_test(env, {"profile": "smoke", "backends": ["ray"], "output_root": str(tmp_path / "runs")},
-                      timeout=120)
+    done = _dags_test({**env, "BENCHMARK_OUTPUT_ROOT": str(tmp_path / "runs")},
+                      {"profile": "smoke", "backends": ["ray"]}, timeout=120)
     assert done.returncode != 0
     assert "backends" in done.stdout + done.stderr and "'ray' is not one of" in done.stdout + done.stderr
     assert not (tmp_path / "runs").exists()
@@ -285,9 +295,8 @@ def test_dags_test_stops_at_validation_on_corrupt_data(airflow_home, tmp_path, i
         frame.to_parquet(corrupt / f"{split}.parquet")
     out = tmp_path / "runs"
     conf = {"profile": "smoke", "backends": ["ddp"], "worker_counts": [1], "train_samples": 60,
-            "test_samples": 40, "dataset_source": str(corrupt), "tokenizer_source": str(bert_tiny_dir),
-            "model_source": str(bert_tiny_dir), "output_root": str(out)}
-    done = _dags_test(env, conf, timeout=300)
+            "test_samples": 40}
+    done = _dags_test(_deployment(env, out, corrupt, bert_tiny_dir), conf, timeout=300)
     (tmp_path / "dags_test.log").write_text(done.stdout + done.stderr)
     assert done.returncode != 0
 

@@ -106,3 +106,20 @@ def test_failed_cell_leaves_a_failed_result(bench_config, run_paths, tmp_path):
         run_cell(bench_config, empty, Backend.DDP, 1, 0)
     failed = CellResult.read(empty.cell("ddp", 1, 0).result)
     assert failed.status == "failed" and "no token shards" in failed.error
+
+
+def test_a_truncated_checkpoint_is_moved_aside_and_training_resumes_from_the_previous(
+        trained, bench_config, run_paths):
+    import shutil
+
+    source = run_paths.cell("ddp", 1, 0)
+    cell = CellPaths(run_paths.cells / "ddp-w1-damaged")
+    shutil.copytree(source.checkpoints, cell.checkpoints)  # epochs 1 and 2 of a finished cell
+    newest = cell.checkpoints / "epoch-0002.pt"
+    newest.write_bytes(newest.read_bytes()[:4096])
+    result = DDPBackend().run(bench_config, 1, paths=run_paths, cell=cell)
+    reference = trained("ddp", 1)
+    assert result.resumed_from_epoch == 1  # not 2 (damaged), not 0 (start over)
+    assert result.epochs[1].train_loss == pytest.approx(reference.epochs[1].train_loss, abs=1e-6)
+    assert list(cell.checkpoints.glob("epoch-0002.pt.corrupt-*"))
+    assert "moved aside" in cell.log.read_text()

@@ -36,6 +36,7 @@ def staged(spark, tmp_path_factory, imdb_dir, bert_tiny_dir):
     paths = RunPaths(root / "run")
     ingest(config, paths)
     validate_snapshot(config, paths)
+    (paths.root / ".tokens.tmp-killed0").mkdir()  # what a killed tokenization leaves behind
     return config, paths, preprocess(config, paths)
 
 
@@ -48,7 +49,7 @@ def _copy(staged, tmp_path) -> RunPaths:
 
 def test_shards_hold_the_snapshot_tokenized_in_order(staged):
     config, paths, stats = staged
-    assert stats["rows"] == {"train": 120, "test": 60}
+    assert stats["rows"] == {"train": 108, "validation": 12, "test": 60}  # validation: 10 % of train
     assert stats["rows_per_second"] > 0 and stats["seconds"] >= stats["tokenize_seconds"] > 0
     for split in ("train", "test"):
         shards = sorted(paths.token_split(split).glob("part-*.parquet"))
@@ -66,7 +67,7 @@ def test_shards_hold_the_snapshot_tokenized_in_order(staged):
     meta = json.loads((paths.tokens / "preprocess.json").read_text())
     assert meta["snapshot_sha256"] == {s: v["sha256"] for s, v in
                                        json.loads(paths.manifest.read_text())["splits"].items()}
-    assert not list(paths.root.glob(".tokens.tmp-*"))
+    assert not list(paths.root.glob(".tokens.tmp-*"))  # its own temp folder and the killed one's
 
 
 def test_token_validation_passes_and_joins_the_data_docs(staged, tmp_path):
