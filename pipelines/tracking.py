@@ -395,9 +395,14 @@ def log_benchmark(config: BenchmarkConfig, paths: RunPaths) -> dict[str, Any]:
         cell = paths.cell(backend, workers, repeat)
         run_id = ensure_cell_run(client, config, paths, backend, workers, repeat)
         cell_ids[cell.name] = run_id
-        result = log_cell_result(client, run_id, cell)
-        if result is None:
-            client.set_tag(run_id, "error", "no result.json: the training task never finished")
+        try:
+            result = log_cell_result(client, run_id, cell)
+        except ValueError as err:  # a damaged result.json: the cell counts as failed (as in the summary)
+            result = None
+            client.set_tag(run_id, "error", f"unreadable {cell.result}: {str(err)[:4000]}")
+        else:
+            if result is None:
+                client.set_tag(run_id, "error", "no result.json: the training task never finished")
         if client.get_run(run_id).info.status == "RUNNING":  # never ended (lost process)
             client.set_terminated(run_id, "FINISHED" if result and result.status == "ok" else "FAILED")
 

@@ -62,3 +62,23 @@ def test_cli_exit_status_hint_and_verbose_traceback(make_config, tmp_path):
     assert "check_regression failed: FailedCellsError" in proc.stderr and "ddp-w2-r0" in proc.stderr
     assert f"python -m pipelines run --run-dir {paths.root}" in proc.stderr
     assert paths.report_html.exists() and paths.regression.exists()
+
+
+def test_a_broken_result_fails_report_naming_the_cell_and_ends_every_mlflow_run(make_config, tmp_path):
+    from mlflow import MlflowClient
+
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    config = make_config(backends=["ddp"], worker_counts=[1, 2], mlflow_tracking_uri=store)
+    paths, _ = write_synthetic_run(config, name="broken-result")
+    damaged = paths.cell("ddp", 2, 0).result
+    damaged.write_text(damaged.read_text()[:200])  # a result.json cut short
+    with pytest.raises(runner.StepFailed) as err:
+        runner.finish(str(paths.root))
+    assert err.value.step == "check_regression" and "ddp-w2-r0" in str(err.value)
+    assert "unreadable result" in str(err.value) and "MLflow" not in str(err.value)
+    assert paths.report_html.exists()  # the report came out, listing the damaged cell
+    client = MlflowClient(tracking_uri=store)
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert runs and all(r.info.status in ("FINISHED", "FAILED") for r in runs)  # none left RUNNING
+    cell = next(r for r in runs if r.info.run_name == "ddp-w2-r0")
+    assert cell.info.status == "FAILED" and "unreadable" in cell.data.tags["error"]
