@@ -1,7 +1,9 @@
 """Time of the Benchmarks page with many run folders in the output root (default 200 nights).
 
-    .venv/bin/python bench/webview_page.py                  # 200 runs, server + browser timings
-    .venv/bin/python bench/webview_page.py --runs 50 --no-browser --keep /tmp/hist
+    PYTHONPATH=. .venv/bin/python bench/webview_page.py     # 200 runs, server + browser timings
+    PYTHONPATH=. .venv/bin/python bench/webview_page.py --runs 50 --no-browser --keep /tmp/hist
+
+(PYTHONPATH=. makes the test fixtures' run-folder writer, tests/synthetic_history.py, importable.)
 
 Writes ``--runs`` synthetic-but-well-formed nightly run folders (tests/synthetic_history.py:
 config.json, one result.json per cell for 3 backends x 2 worker counts x 3 repeats, summary.json
@@ -30,8 +32,6 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 BUDGET_S = 1.0
 
 
