@@ -44,8 +44,14 @@ def stop_spark() -> None:
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
-    if SparkContext._active_spark_context is not None:
+    if SparkContext._active_spark_context is None:
+        return
+    try:
         SparkSession.builder.getOrCreate().stop()
+    except Exception:  # the JVM is already gone (killed with the cell): drop the Python side only
+        SparkContext._active_spark_context = None
+        SparkSession._instantiatedSession = None
+        SparkSession._activeSession = None
 
 
 def get_spark(master: str = "local[*]", app_name: str = "pipelines", conf: dict[str, str] | None = None,

@@ -74,7 +74,8 @@ def smtp_server():
 
 
 def _baseline_in_mlflow(output_root: Path, profile_overrides: dict) -> str:
-    """A successful earlier run of the same profile, logged by the real tracking code."""
+    """A successful earlier run of the same config (fingerprint) on this host, logged by the real
+    tracking code: the regression check compares only like with like."""
     from pipelines.config import load_config
     from pipelines.evaluation import evaluate_run
     from pipelines.regression import check_regression
@@ -101,9 +102,11 @@ def test_regression_alarm_mails_through_airflow_and_the_asset_event_is_emitted(
     inbox, port = smtp_server
     out = tmp_path / "runs"
     matrix = {"backends": ["ddp"], "worker_counts": [1]}
-    baseline = _baseline_in_mlflow(out, matrix)
     conf = {"profile": "smoke", **matrix, "epochs": 1, "train_samples": 64, "test_samples": 32,
             "max_seq_len": 16}
+    sources = {"dataset_source": str(imdb_dir), "tokenizer_source": str(bert_tiny_dir),
+               "model_source": str(bert_tiny_dir)}
+    baseline = _baseline_in_mlflow(out, {**sources, **{k: v for k, v in conf.items() if k != "profile"}})
     connection = {"conn_type": "smtp", "host": "127.0.0.1", "port": port,
                   "extra": {"disable_ssl": True, "disable_tls": True, "retry_limit": 0, "timeout": 10,
                             "from_email": "benchmarks@localhost", "to": "ml-team@localhost"}}
