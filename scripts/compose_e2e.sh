@@ -168,8 +168,9 @@ stop_dockerd
   echo "AIRFLOW_API_WORKERS=1"; echo "MLFLOW_WORKERS=1"; echo "BENCHMARK_TRAINING_SLOTS=2"
 } > "$ART/.stack.env"
 chmod 600 "$ART/.stack.env"
+# Whatever happens from here: no dockerd of ours left, no secrets or staged wheels left behind.
+trap 'stop_dockerd; rm -f "$ART/.stack.env" "$ROOT"/docker/wheels/*.whl' EXIT
 start_dockerd "$ART/dockerd-build.log" --iptables=false --bridge=none
-trap 'stop_dockerd' EXIT
 
 t="$(now)"
 if docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
@@ -225,7 +226,6 @@ timing build "$t"
 docker image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep -E 'imdb' > "$ART/images.txt" || true
 rm -f "$ROOT"/docker/wheels/*.whl
 stop_dockerd
-trap - EXIT
 
 # stack -----------------------------------------------------------------------------------------
 log "starting the stack in a private network namespace"

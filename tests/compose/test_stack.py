@@ -4,9 +4,10 @@ in a private network namespace, runs imdb_benchmark's smoke profile through Airf
 with the Spark cells on the stack's Spark master, checks the evidence and tears it all down.
 
 Installs its own system packages (docker.io, debootstrap, the Compose plugin) where missing;
-needs root. About 12 minutes on a cold 2-core machine, 6 with the Docker data root kept
-(/var/lib/imdb-bench); see README "Docker Compose". Artifacts (logs of every service,
-result.json, evidence.txt, timings.json) land in tests/compose/artifacts/.
+needs root. 24 minutes on a fresh 2-core machine (6 of them building images), 18 with the
+Docker data root kept (/var/lib/imdb-bench), measured while other jobs loaded the machine; see
+README "Docker Compose". Artifacts (logs of every service, result.json, evidence.txt,
+timings.json) land in tests/compose/artifacts/.
 """
 
 from __future__ import annotations
