@@ -61,7 +61,8 @@ def checkpoint_state(cell: CellPaths) -> tuple[int, float | None]:
     best, mtime = 0, None
     for path in cell.checkpoints.glob("epoch-*.pt"):
         match = _EPOCH_FILE.search(path.name)
-        if match and int(match.group(1)) >= best:
+        complete = path.with_name(path.name + ".sha256").exists()  # its checksum is written last
+        if match and complete and int(match.group(1)) >= best:
             best, mtime = int(match.group(1)), path.stat().st_mtime
     if cell.determined_marker.exists():  # Determined's own checkpoints: our marker follows them
         marker = json.loads(cell.determined_marker.read_text())

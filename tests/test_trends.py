@@ -40,7 +40,10 @@ def history(tmp_path_factory) -> Path:
 
 
 def _by_night(history: Path, night: int) -> str:
-    return f"scheduled__{(NOW - timedelta(days=7 - night)).strftime('%Y-%m-%d')}T02_00_00_00_00"
+    """The folder of that night's scheduled run (what prepare_run makes of the DAG run id)."""
+    from pipelines.paths import safe_run_id
+
+    return safe_run_id(f"scheduled__{(NOW - timedelta(days=7 - night)).strftime('%Y-%m-%d')}T02:00:00+00:00")
 
 
 def test_index_rereads_only_changed_folders(history, tmp_path):

@@ -60,7 +60,7 @@ def test_two_cells_started_at_once_are_timed_one_after_the_other(cli_run, run_pa
 def test_a_killed_and_retried_cell_reports_both_attempts(cli_run, run_paths):
     cell = run_paths.cell("ddp", 1, 7)
     proc = cli_run(7, **fault_injection.env(1, PROJECT_ROOT))
-    checkpoint = cell.checkpoints / "epoch-0001.pt"
+    checkpoint = cell.checkpoints / "epoch-0001.pt.sha256"  # the checksum is written last
     deadline = time.time() + 300
     while not checkpoint.exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.2)

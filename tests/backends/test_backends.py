@@ -71,7 +71,7 @@ def test_ddp_killed_after_epoch_1_resumes_at_epoch_2_with_same_result(trained, b
     env = {**ddp.launch_env(bench_config, os.environ), **fault_injection.env(1, PROJECT_ROOT)}
     proc = subprocess.Popen(cmd, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    first = cell.checkpoints / "epoch-0001.pt"
+    first = cell.checkpoints / "epoch-0001.pt.sha256"  # written after the checkpoint: it is complete
     try:
         deadline = time.time() + 120
         while not first.exists() and proc.poll() is None and time.time() < deadline:

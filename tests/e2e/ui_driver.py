@@ -87,7 +87,7 @@ def kill_training_after_epoch_1(run_id: str, timeout: float) -> dict:
     import psutil
 
     root = output_root(run_id)
-    held = root / "cells" / "ddp-w1-r0" / "checkpoints" / "epoch-0001.pt"  # FAULT_HOLD_CELL's
+    held = root / "cells" / "ddp-w1-r0" / "checkpoints" / "epoch-0001.pt.sha256"  # complete (FAULT_HOLD_CELL)
     wait_for("the epoch-1 checkpoint", held.exists, timeout, 1)
     victims = [p for p in psutil.process_iter(["cmdline"])
                if any("torch.distributed.run" in part or "pipelines.training.worker" in part
