@@ -335,7 +335,7 @@ def main() -> int:
         result["pool"] = set_pool(api, int(os.environ.get("BENCHMARK_TRAINING_SLOTS") or 2))
         pool = result["pool"]
         lines.append(f"pool {POOL}: {pool['slots']} slots ({pool['how']} through the REST API)")
-        conf = {"profile": "smoke", "overrides": {"spark_master": SPARK_MASTER}}
+        conf = {"profile": "smoke"}  # the Spark master comes from the stack (BENCHMARK_SPARK_MASTER)
         result["conf"] = conf
         if args.run_id:
             state = api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{args.run_id}")["state"]
