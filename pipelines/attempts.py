@@ -84,8 +84,9 @@ def beat(cell: CellPaths) -> None:
     cell.heartbeat.touch()
 
 
-def begin(cell: CellPaths) -> Attempt:
-    """Close an attempt left running by a killed process; open a new one."""
+def begin(cell: CellPaths, lock_wait_seconds: float = 0.0) -> Attempt:
+    """Close an attempt left running by a killed process; open a new one (which waited
+    ``lock_wait_seconds`` for the host lock)."""
     attempts = read(cell)
     if attempts and attempts[-1].outcome == "running":
         last = attempts[-1]
@@ -96,7 +97,7 @@ def begin(cell: CellPaths) -> Attempt:
             "epoch_reached": checkpoint_state(cell)[0], "lost_seconds": _lost(end, last.start, cell)})
     cell.root.mkdir(parents=True, exist_ok=True)
     cell.heartbeat.unlink(missing_ok=True)
-    attempt = Attempt(attempt=len(attempts) + 1, start=time.time())
+    attempt = Attempt(attempt=len(attempts) + 1, start=time.time(), lock_wait_seconds=lock_wait_seconds)
     _write(cell, [*attempts, attempt])
     return attempt
 

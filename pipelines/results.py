@@ -56,6 +56,7 @@ class Attempt(BaseModel):
 
     attempt: int  # 1-based
     start: float  # unix time the adapter began (after the host lock)
+    lock_wait_seconds: float = 0.0  # waited for the host lock (another timed cell) before start
     end: float | None = None  # None while running; a killed attempt ends at its last heartbeat
     outcome: Literal["running", "ok", "failed", "killed"] = "running"
     error: str | None = None

@@ -48,7 +48,7 @@ class TrainingBackend(ABC):
         cell = cell or paths.cell(self.name, world_size, repeat)
         spec = self.spec(config, world_size, paths, cell, repeat)  # bad input fails before the lock
         with attempts.host_lock() as waited:
-            attempt = attempts.begin(cell)
+            attempt = attempts.begin(cell, lock_wait_seconds=waited)
             launch_time = attempt.start
             try:
                 spec.write()

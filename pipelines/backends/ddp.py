@@ -165,6 +165,7 @@ class DDPBackend(TrainingBackend):
             cell: CellPaths | None = None, repeat: int = 0) -> CellResult:
         nproc_per_node(config, world_size)  # refuse a bad split before anything is written
         cell = cell or paths.cell(self.name, world_size, repeat)
+        self.spec(config, world_size, paths, cell, repeat)  # every node: missing inputs fail before the rendezvous
         if config.ddp_node_rank == 0:
             return super().run(config, world_size, paths=paths, cell=cell, repeat=repeat)
         return self._run_secondary_node(config, world_size, cell)

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import httpx
 
+from pipelines.paths import RunPaths
+
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(PROJECT_ROOT))
 NIGHTS, SLOW_NIGHT, FAILED_NIGHT = 10, 8, 5
@@ -214,6 +216,8 @@ def main() -> int:
         root = Path(os.environ["BENCHMARK_OUTPUT_ROOT"])
         nights = sorted(p.name for p in root.iterdir() if p.name.startswith("scheduled__"))[-NIGHTS:]
         results["nights"] = nights
+        # the Airflow DAG run each folder records (folder names are made file-safe, run ids are not)
+        results["dag_run_ids"] = [json.loads(RunPaths(root / n).dag_run.read_text())["run_id"] for n in nights]
         results.update(browse(base, user, password, args.artifacts, nights))
         ok = True
     except Exception as err:  # noqa: BLE001 - every failure ends up in page_results.json for the test

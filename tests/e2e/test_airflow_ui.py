@@ -84,7 +84,9 @@ def test_concurrent_cells_never_share_the_timed_window(e2e_results):
     windows = sorted((a["start"], a["end"], name) for name, c in cells.items() for a in c["attempts"])
     for (_, end, before), (start, _, after) in zip(windows, windows[1:]):
         assert end <= start, f"{before} and {after} were timed at the same time: {windows}"
-    assert any(c["timed_window"]["lock_wait_seconds"] > 1 for c in cells.values())  # one of them waited
+    # one of them waited for the other (the held r0 may have waited in its first attempt)
+    waits = [a["lock_wait_seconds"] for c in cells.values() for a in c["attempts"]]
+    assert max(waits) > 1, f"no attempt waited for the host lock: {windows}, waits {waits}"
 
 
 def test_benchmarks_endpoints_require_login(e2e_results):

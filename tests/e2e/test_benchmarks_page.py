@@ -20,6 +20,7 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
@@ -84,9 +85,8 @@ def test_compare_shows_config_diff_and_cell_deltas(page):
 
 
 def test_links_reach_airflow_dag_runs_and_mlflow_from_inside_the_airflow_ui(page):
-    night = page["nights"][-1]
-    dag_run_id = night.replace("T02_00_00_00_00", "T02:00:00+00:00")
-    assert page["dag_link_href"].endswith("/dags/imdb_benchmark/runs/" + dag_run_id.replace(":", "%3A").replace("+", "%2B"))
+    dag_run_id = page["dag_run_ids"][-1]  # e.g. scheduled__2026-11-30T02:00:00+00:00
+    assert page["dag_link_href"].endswith("/dags/imdb_benchmark/runs/" + quote(dag_run_id, safe=""))
     assert page["ui_url_after_dag_link"] == page["dag_link_href"]  # the whole Airflow UI moved there
     assert page["mlflow_tab_requests"], "the MLflow link opened no tab"
     assert all(h.startswith("http://127.0.0.1:5000/#/experiments/1/runs/") for h in page["mlflow_hrefs"])

@@ -51,11 +51,11 @@ def _stop(proc: subprocess.Popen) -> None:
 def test_two_nodes_train_like_one_node_with_two_processes(scaleout_config, scaleout_paths,
                                                           single_node_w2, tmp_path, free_port,
                                                           assert_same_training):
-    # The shared storage of both nodes: a run folder with the same token shards.
     shared = RunPaths(tmp_path / "multinode-run")
-    shared.tokens.mkdir(parents=True)
-    for split in ("train", "test"):
-        shared.token_split(split).symlink_to(scaleout_paths.token_split(split))
+    # The shared storage of both nodes: a run folder with the same data stage outputs.
+    shared.root.mkdir(parents=True)
+    shared.tokens.symlink_to(scaleout_paths.tokens)  # every split's token shards
+    shared.snapshot.symlink_to(scaleout_paths.snapshot)  # the manifest (label set) both nodes read
     endpoint = f"127.0.0.1:{free_port()}"
     nodes = [scaleout_config(ddp_nnodes=2, ddp_node_rank=rank, ddp_rdzv_endpoint=endpoint)
              for rank in (0, 1)]
@@ -97,4 +97,4 @@ def test_workers_not_divisible_by_nodes_is_refused_before_any_launch(scaleout_co
         run_cell(cfg, paths, "ddp", 3)
     failed = CellResult.read(paths.cell("ddp", 3, 0).result)
     assert failed.status == "failed" and "ddp_nnodes=2" in failed.error
-    assert not (paths.cell("ddp", 3, 0) / "cell.json").exists()
+    assert not paths.cell("ddp", 3, 0).spec.exists()

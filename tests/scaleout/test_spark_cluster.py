@@ -131,7 +131,7 @@ def test_more_processes_than_cluster_slots_is_refused_not_hung(spark_cluster, sc
     from pipelines.backends import run_cell, spark
 
     url, _ = spark_cluster
-    monkeypatch.setattr(spark, "SLOT_WAIT_S", 3.0)  # both executors are up: no need to wait 60 s
+    monkeypatch.setattr(spark, "SLOT_WAIT_S", 20.0)  # the cell's own session: its executors start anew
     started = time.monotonic()
     with pytest.raises(RuntimeError, match="needs 3 concurrent Spark tasks but .* offers 2"):
         run_cell(scaleout_config(spark_master=url), scaleout_paths, "spark", 3)
