@@ -5,7 +5,8 @@ a ``Distributed`` object. The default, ``TorchDistributed``, is what torchrun-st
 (torchrun and TorchDistributor set RANK / LOCAL_RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT):
 join the group (nccl on GPU, gloo on CPU) unless one exists, wrap the model in
 ``DistributedDataParallel``, leave the loaders alone, and destroy the group at the end only if
-it created it. A framework that owns these (Ray Train's ``prepare_model`` /
+it created it (``optimizer_options``: extra AdamW arguments, none by default). A framework
+that owns these (Ray Train's ``prepare_model`` /
 ``prepare_data_loader`` and its process group, FSDP's ``fully_shard``) subclasses it and
 overrides the step it owns, without copying the loop:
 
@@ -104,6 +105,10 @@ class TorchDistributed:
 
     def prepare_loader(self, loader, env: DistEnv):
         return loader
+
+    def optimizer_options(self, env: DistEnv) -> dict:
+        """Extra keyword arguments for the loop's ``torch.optim.AdamW`` (e.g. ``{"fused": True}``)."""
+        return {}
 
     def teardown(self) -> None:
         """Destroy the process group if (and only if) ``setup`` created it."""

@@ -77,8 +77,11 @@ def eval_loader(dataset: TensorDataset, batch_size: int, env: DistEnv | None = N
 
 
 # --- model steps -----------------------------------------------------------------------------
-def build_optimizer(model: torch.nn.Module, config: BenchmarkConfig, total_steps: int):
-    """AdamW (no decay on biases/LayerNorm) + linear warm-up then linear decay, per batch."""
+def build_optimizer(model: torch.nn.Module, config: BenchmarkConfig, total_steps: int, **adamw_options):
+    """AdamW (no decay on biases/LayerNorm) + linear warm-up then linear decay, per batch.
+
+    ``adamw_options`` go to ``torch.optim.AdamW`` as they are (e.g. ``fused=True``); none by default.
+    """
     from transformers import get_linear_schedule_with_warmup
 
     decay, no_decay = [], []
@@ -86,7 +89,7 @@ def build_optimizer(model: torch.nn.Module, config: BenchmarkConfig, total_steps
         (no_decay if param.ndim < 2 else decay).append(param)
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=config.learning_rate,
+        lr=config.learning_rate, **adamw_options,
     )
     warmup = int(config.warmup_ratio * total_steps)
     return optimizer, get_linear_schedule_with_warmup(optimizer, warmup, total_steps)
@@ -237,7 +240,8 @@ def _train(spec: CellSpec, env: DistEnv, distributed: TorchDistributed, launch_t
     loader = distributed.prepare_loader(train_loader(train_set, cfg, env), env)
     held_out = eval_loader(validation_set, cfg.batch_size, env)
     steps_per_epoch = len(loader)
-    optimizer, scheduler = build_optimizer(model, cfg, steps_per_epoch * cfg.epochs)
+    optimizer, scheduler = build_optimizer(model, cfg, steps_per_epoch * cfg.epochs,
+                                           **distributed.optimizer_options(env))
     torch.manual_seed(cfg.seed + env.rank)  # dropout stream: distinct per rank, reproducible
     samples_per_epoch = len(loader.sampler) * env.world_size  # padded rows included: they are trained
 
