@@ -6,11 +6,17 @@ TorchDistributor** and **Determined AI** at several worker counts, then compares
 accuracy, scaling and platform overhead, and logs everything to MLflow.
 
 ```
-prepare_run -> ingest -> validate_snapshot -> preprocess -> validate_tokens
-  -> train.plan_wN -> train.wN   for N = 1..4 (mapped: one instance per backend x repeat)
+prepare_run -> start_spark_cluster (setup) -> ingest -> validate_snapshot -> preprocess
+  -> validate_tokens -> train.plan_wN -> train.wN   for N = 1..4 (mapped: one instance per
+  backend x repeat) -> stop_spark_cluster (teardown: runs whatever happened before)
   -> evaluate (runs when every cell is done, failed ones included) -> report -> track
   -> check_regression
 ```
+
+With `spark_master=embedded` (the nightly and paper profiles) the run starts its own Spark
+standalone cluster (`pipelines.spark_cluster`: master + one 1-core worker per CPU core on
+127.0.0.1) for preprocessing and the spark cells, and the teardown task stops it, also when a
+task failed; with any other master both tasks do nothing.
 
 The steps after training are `pipelines.runner.FINISH_STEPS`, the same order and failure
 policy as `python -m pipelines run` (a step runs only when the one before succeeded; failed
@@ -71,7 +77,9 @@ from airflow.sdk import (
     TriggerRule,
     dag,
     get_current_context,
+    setup,
     task,
+    teardown,
 )
 
 # `pipelines` is installed in Airflow's environment (scripts/bootstrap.sh: pip install -e .).
@@ -252,6 +260,27 @@ def imdb_benchmark():
         log.info("run folder: %s", run_dir)
         return run_dir
 
+    @setup
+    def start_spark_cluster(run_dir: str) -> str | None:
+        """spark_master=embedded: start the run's standalone cluster; returns its URL."""
+        from pipelines import spark_cluster
+        from pipelines.config import read_config
+        from pipelines.paths import RunPaths
+
+        paths = RunPaths(Path(run_dir))
+        if read_config(paths.config).spark_master != spark_cluster.EMBEDDED:
+            log.info("spark_master is not 'embedded': no cluster to start")
+            return None
+        return spark_cluster.start(paths)
+
+    @teardown
+    def stop_spark_cluster(run_dir: str) -> list[int]:
+        """Stop the run's embedded cluster (if any), whatever the tasks before it did."""
+        from pipelines import spark_cluster
+        from pipelines.paths import RunPaths
+
+        return spark_cluster.stop(RunPaths(Path(run_dir)))
+
     @task
     def ingest(run_dir: str) -> dict:
         from pipelines import stages
@@ -310,7 +339,9 @@ def imdb_benchmark():
         return result
 
     run_dir = prepare_run()
+    cluster_up = start_spark_cluster(run_dir)
     data_steps = [ingest(run_dir), validate_snapshot(run_dir), preprocess(run_dir), validate_tokens(run_dir)]
+    cluster_up >> data_steps[0]
     for before, after in zip(data_steps, data_steps[1:]):
         before >> after
     with TaskGroup("train", tooltip="per worker count: plan_wN lists the cells, wN trains them "
@@ -319,6 +350,7 @@ def imdb_benchmark():
             cells = plan.override(task_id=f"plan_w{n}")(run_dir, n)
             data_steps[-1] >> cells
             train.override(task_id=f"w{n}", pool_slots=n).partial(run_dir=run_dir).expand_kwargs(cells)
+    train_group >> stop_spark_cluster(run_dir).as_teardown(setups=cluster_up)
     # evaluate runs once every cell is done, failed ones included, so the report shows them;
     # each later step only after the one before succeeded (the CLI's policy too).
     previous = train_group

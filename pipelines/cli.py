@@ -28,7 +28,7 @@ import time
 import traceback
 from pathlib import Path
 
-from pipelines import preflight, runner, stages
+from pipelines import preflight, runner, spark_cluster, stages
 from pipelines.config import PROFILES, Backend, ConfigError, parse_set_options, read_config, site_defaults
 from pipelines.paths import RunPaths
 from pipelines.signals import CellTerminated
@@ -112,21 +112,26 @@ def _command(args: argparse.Namespace) -> int:
     # cheap checks first: a doomed run fails in seconds, not after the data stage
     preflight.check(read_config(RunPaths(Path(run_dir)).config),
                     [args.workers] if args.command == "train" else None)
-    _ensure_data(run_dir)
-    if args.command == "train":
-        try:
-            print(json.dumps(stages.train_cell(run_dir, Backend(args.backend), args.workers, args.repeat,
-                                               node_rank=args.node_rank, force=args.force)))
-        except Exception as err:
-            raise runner.StepFailed("train", err, runner.resume_hint("train", run_dir)) from err
-    elif args.command == "run":
+    paths = RunPaths(Path(run_dir))
+    # spark_master=embedded: the run's own standalone cluster, stopped when training ends (or fails)
+    with spark_cluster.embedded_cluster(paths, read_config(paths.config)):
+        _ensure_data(run_dir)
+        if args.command == "train":
+            try:
+                print(json.dumps(stages.train_cell(run_dir, Backend(args.backend), args.workers, args.repeat,
+                                                   node_rank=args.node_rank, force=args.force)))
+            except Exception as err:
+                raise runner.StepFailed("train", err, runner.resume_hint("train", run_dir)) from err
+            return 0
+        if args.command != "run":  # data
+            return 0
         failed = _train_all(run_dir, args.force)
-        try:
-            runner.finish(run_dir)
-        finally:  # the hint must come out whatever the steps after training did
-            if failed:
-                print(f"failed cells: {', '.join(failed)}; {runner.resume_hint('train', run_dir)}",
-                      file=sys.stderr)
+    try:
+        runner.finish(run_dir)
+    finally:  # the hint must come out whatever the steps after training did
+        if failed:
+            print(f"failed cells: {', '.join(failed)}; {runner.resume_hint('train', run_dir)}",
+                  file=sys.stderr)
     return 0
 
 

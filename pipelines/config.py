@@ -97,7 +97,10 @@ class BenchmarkConfig(BaseModel):
     target_accuracy: float = Field(0.7, gt=0, le=1)  # for time-to-accuracy
 
     # --- engines (scale-out is configuration only) -----------------------------------------
-    spark_master: str = "local[*]"  # or spark://host:7077 (barrier mode)
+    # "local[*]" (TorchDistributor local mode: torchrun on the driver), "embedded" (a standalone
+    # cluster the run starts and stops: pipelines.spark_cluster) or a cluster URL spark://host:7077
+    # (barrier mode on its executors)
+    spark_master: str = "local[*]"
     ddp_nnodes: int = Field(1, ge=1)
     ddp_node_rank: int = Field(0, ge=0)
     ddp_rdzv_endpoint: str | None = None  # host:port; None -> --standalone
@@ -120,6 +123,14 @@ class BenchmarkConfig(BaseModel):
         if any(n < 1 for n in v):
             raise ValueError("every worker count must be >= 1")
         return sorted(set(v))
+
+    @field_validator("spark_master")
+    @classmethod
+    def _known_spark_master(cls, v: str) -> str:
+        if v == "embedded" or v == "local" or v.startswith(("local[", "spark://", "k8s://", "yarn")):
+            return v
+        raise ValueError("must be local[N|*], embedded (the run's own standalone cluster) or a cluster "
+                         "master URL (spark://host:7077, k8s://..., yarn)")
 
     @field_validator("backends")
     @classmethod
@@ -194,11 +205,13 @@ PROFILES: dict[str, dict[str, Any]] = {
     "nightly": dict(
         train_samples=4000, test_samples=2000, max_seq_len=128, epochs=3, batch_size=32,
         learning_rate=1e-3, worker_counts=[1, 2], repeats=3, target_accuracy=0.7,
+        spark_master="embedded",  # Spark as teams deploy it: barrier tasks on a standalone cluster
     ),
     # The published study: full IMDB, 20 epochs, up to 3 workers.
     "paper": dict(
         train_samples=None, test_samples=None, max_seq_len=128, epochs=20, batch_size=32,
         learning_rate=1e-4, worker_counts=[1, 2, 3], repeats=1, target_accuracy=0.8,
+        spark_master="embedded",
     ),
 }
 

@@ -165,6 +165,14 @@ class RunPaths:
     def cells(self) -> Path:
         return self.root / "cells"
 
+    @property
+    def spark_cluster(self) -> Path:  # the embedded Spark cluster's logs and work dirs
+        return self.root / "spark-cluster"
+
+    @property
+    def spark_cluster_info(self) -> Path:  # {url, pids, started} while it runs (pipelines.spark_cluster)
+        return self.spark_cluster / "cluster.json"
+
     def cell(self, backend: str, workers: int, repeat: int) -> CellPaths:
         return CellPaths(self.cells / cell_name(backend, workers, repeat))
 

@@ -118,6 +118,10 @@ class CellResult(BaseModel):
     timed_window: TimedWindow | None = None
     devices: list[str] = Field(default_factory=list)  # per rank: "cpu:cores 0" or "cuda:0"
     spark_session: str | None = None  # spark: "fresh" (started for this cell, stopped after it)
+    # how the platform ran (TrainingBackend.platform_fields): ddp "torchrun" / "torchrun-<k>-nodes";
+    # spark "local" (torchrun on the driver) / "cluster" (barrier tasks on executors);
+    # determined "local" (Trainer in-process) / "master" (experiment on a Determined master)
+    platform_mode: str | None = None
     versions: dict[str, str] = Field(default_factory=dict)  # torch, transformers, backend lib
     host: str | None = None
 

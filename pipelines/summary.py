@@ -47,6 +47,7 @@ class CellRow(BaseModel):
     error: str | None = None
     device: str | None = None
     host: str | None = None
+    platform_mode: str | None = None  # CellResult.platform_mode
     model_source: str | None = None
     total_seconds: float | None = None
     training_seconds: float | None = None
@@ -78,6 +79,7 @@ class Aggregate(BaseModel):
     repeats: int
     repeats_ok: int
     repeats_failed: int
+    platform_mode: str | None = None  # the cells' (joined with "/" if they differ)
     total_seconds: Stats
     training_seconds: Stats
     startup_seconds: Stats

@@ -7,7 +7,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-bash scripts/system_deps.sh
+bash scripts/system_deps.sh --smoke  # Java for Spark; no browser
 bash scripts/bootstrap.sh
 # shellcheck disable=SC1091
 source scripts/airflow_env.sh

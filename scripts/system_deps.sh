@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# System packages the tests need: Java 17 (Spark) and Debian's Chromium (browser e2e test).
+# System packages: Java 17 (Spark) for every run; the tests also need Debian's Chromium
+# (browser e2e tests).  `bash scripts/system_deps.sh --smoke`: only what the smoke run needs.
 set -euo pipefail
 missing=()
 command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
-command -v chromium >/dev/null || missing+=(chromium)
+[ "${1:-}" = "--smoke" ] || command -v chromium >/dev/null || missing+=(chromium)
 command -v unshare >/dev/null || missing+=(util-linux)
 command -v ip >/dev/null || missing+=(iproute2)
 if [ ${#missing[@]} -gt 0 ]; then

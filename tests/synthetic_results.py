@@ -35,6 +35,7 @@ def make_result(backend: str, workers: int, repeat: int = 0, *, slow: float = 1.
                           error=f"{backend}: worker exited with code 1 (synthetic)", host="bench-host")
     return CellResult(
         backend=Backend(backend), world_size=workers, repeat=repeat, device="cpu",
+        platform_mode={"ddp": "torchrun"}.get(backend, "local"),
         model_source=model_source, model_name="bert-tiny", train_samples=400, test_samples=200,
         max_seq_len=64, batch_size_per_worker=16, seed=42,
         epochs=[EpochMetrics(epoch=e + 1, train_loss=0.69 - 0.05 * e, train_accuracy=acc + 0.02,

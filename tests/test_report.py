@@ -21,7 +21,8 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 def parse_table(markdown: str) -> list[dict[str, str]]:
     """The '## Comparison' markdown table -> one dict per row, keyed by column title."""
-    lines = [ln for ln in markdown.split("## Comparison", 1)[1].splitlines() if ln.startswith("|")]
+    section = markdown.split("## Comparison", 1)[1].split("\n## ", 1)[0]
+    lines = [ln for ln in section.splitlines() if ln.startswith("|")]
     header = [c.strip() for c in lines[0].strip("|").split("|")]
     return [dict(zip(header, (c.strip() for c in ln.strip("|").split("|")))) for ln in lines[2:]]
 
@@ -96,3 +97,30 @@ def test_report_with_every_cell_failed(make_config):
     assert "spark-w2-r0" in md and "no result" in md
     for plot in map(Path, out["plots"]):
         assert matplotlib.image.imread(plot).ndim == 3
+
+
+def test_report_sets_each_platform_beside_the_study_with_its_mode(make_config):
+    from pipelines.report import STUDY_OVERHEAD, study_rows
+
+    config = make_config(backends=["ddp", "spark", "determined"], worker_counts=[1, 2], repeats=1)
+    paths, results = write_synthetic_run(config)
+    summary = evaluate_run(config, paths)
+    md = Path(build_report(config, paths)["markdown"]).read_text()
+
+    assert "## Beside the published study" in md
+    rows = {(r[0], r[2]): r for r in study_rows(summary)}
+    assert set(rows) == {(b, w) for b in ("spark", "determined") for w in ("1", "2")}  # ddp is the reference
+    for (backend, workers), row in rows.items():
+        cell, ddp = results[f"{backend}-w{workers}-r0"], results[f"ddp-w{workers}-r0"]
+        assert row[1] == cell.platform_mode == "local"
+        overhead = (cell.total_seconds - ddp.total_seconds) / ddp.total_seconds
+        assert row[4] == f"{overhead * 100:+.1f} %"
+        extra_startup = cell.startup_seconds - ddp.startup_seconds
+        assert f"start-up {extra_startup:+.2f} s" in row[6]
+        assert row[7].startswith(f"{STUDY_OVERHEAD[backend] * 100:+.0f} %")
+    # each local mode is labelled as not being the platform's cluster overhead
+    assert "Local modes are not the platform's cluster overhead" in md
+    assert "spark (local): TorchDistributor in local mode" in md and "determined (local)" in md
+    modes = {f"{r['backend']}-w{r['workers']}": r["mode"] for r in parse_table(md)}  # every row labelled
+    assert modes == {"ddp-w1": "torchrun", "ddp-w2": "torchrun", "spark-w1": "local", "spark-w2": "local",
+                     "determined-w1": "local", "determined-w2": "local"}

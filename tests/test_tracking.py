@@ -115,6 +115,7 @@ def test_log_benchmark_parent_and_nested_runs(store, make_config, request, tmp_p
         assert run.info.status == "FINISHED"
         assert run.data.params["workers"] == str(result.world_size)
         assert run.data.tags["device"] == "cpu" and run.data.tags["model_source"] == "random_init"
+        assert run.data.tags["platform_mode"] == result.platform_mode
         assert run.data.metrics["test_accuracy"] == result.test.accuracy
         assert run.data.metrics["total_seconds"] == result.total_seconds
         history = client.get_metric_history(run.info.run_id, "eval_accuracy")

@@ -67,7 +67,7 @@ class TrainingBackend(ABC):
         result = result.model_copy(update={
             "backend": self.name, "repeat": repeat, "attempts": history, **attempts.totals(history),
             "timed_window": TimedWindow(start=launch_time, end=history[-1].end, lock_wait_seconds=waited),
-            "versions": {**result.versions, **self.versions()}, **self.platform_fields(),
+            "versions": {**result.versions, **self.versions()}, **self.platform_fields(spec),
         })
         result.write(cell.result)
         log.info("%s: %s done in %.1fs (start-up %.1fs, training %.1fs), test accuracy %.3f",
@@ -83,6 +83,7 @@ class TrainingBackend(ABC):
         """Versions of the backend's own libraries, recorded in the result."""
         return {}
 
-    def platform_fields(self) -> dict:
-        """Backend-specific CellResult fields (e.g. how Spark's session was started)."""
+    def platform_fields(self, spec: CellSpec) -> dict:
+        """Backend-specific CellResult fields: ``platform_mode`` (how the platform ran, so a local
+        mode is never read as a cluster's overhead) and e.g. how Spark's session was started."""
         return {}

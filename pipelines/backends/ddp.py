@@ -194,3 +194,7 @@ class DDPBackend(TrainingBackend):
 
     def versions(self) -> dict[str, str]:
         return {"launcher": "torchrun"}
+
+    def platform_fields(self, spec: CellSpec) -> dict:
+        nodes = spec.config.ddp_nnodes
+        return {"platform_mode": "torchrun" if nodes == 1 else f"torchrun-{nodes}-nodes"}

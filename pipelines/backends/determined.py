@@ -135,3 +135,6 @@ class DeterminedBackend(TrainingBackend):
         import determined
 
         return {"determined": determined.__version__, "launcher": "torchrun + det.pytorch.Trainer"}
+
+    def platform_fields(self, spec: CellSpec) -> dict:
+        return {"platform_mode": "master" if spec.config.determined_master else "local"}

@@ -8,6 +8,12 @@ so the slots are checked first (after giving a just-started session's executors 
 ``SLOT_WAIT_S`` to register) and a ``RuntimeError`` names both numbers. Only paths (strings)
 are passed to the function; rank 0 writes the result file.
 
+On a GPU host the cell's session is given Spark's GPU resources (``gpu_conf``: the driver's
+GPUs in local mode; one GPU per executor task on a cluster, whose workers must advertise
+theirs with ``spark.worker.resource.gpu.amount`` + the same discovery script), found by
+``spark_gpu_discovery.sh`` (nvidia-smi; ``SPARK_GPU_DISCOVERY_SCRIPT`` names another), so
+TorchDistributor(use_gpu=True) accepts the task count and each rank gets its own GPU.
+
 Cluster run (tests/scaleout/test_spark_cluster.py starts a standalone master + 2 workers):
     python -m pipelines train --backend spark --workers 2 --set spark_master=spark://host:7077
 """
@@ -15,22 +21,39 @@ Cluster run (tests/scaleout/test_spark_cluster.py starts a standalone master + 2
 from __future__ import annotations
 
 import logging
+import os
 import time
+from pathlib import Path
 
 from pipelines.backends.base import TrainingBackend
 from pipelines.cell import CellSpec
 from pipelines.config import Backend, BenchmarkConfig
+from pipelines.spark_cluster import master_url
 from pipelines.spark_session import get_spark, stop_spark
 from pipelines.training.worker import train_worker
 
 log = logging.getLogger(__name__)
 SLOT_WAIT_S = 60.0  # executors of a new session register within seconds on a healthy cluster
+DISCOVERY_SCRIPT = Path(__file__).with_name("spark_gpu_discovery.sh")
 
 
 def distributor_settings(config: BenchmarkConfig, world_size: int, cuda: bool) -> dict:
     """Keyword arguments for ``TorchDistributor`` (pure: testable without Spark)."""
     return {"num_processes": world_size, "local_mode": config.spark_master.startswith("local"),
             "use_gpu": cuda}
+
+
+def gpu_conf(local_mode: bool, gpus: int, discovery_script: str | None = None) -> dict[str, str]:
+    """Spark resource settings for TorchDistributor(use_gpu=True) (pure: testable without GPUs).
+
+    Local mode: the driver owns ``gpus`` GPUs (TorchDistributor gives one to each process).
+    Cluster: each executor task takes one GPU (``spark.task.resource.gpu.amount=1``)."""
+    script = discovery_script or os.environ.get("SPARK_GPU_DISCOVERY_SCRIPT") or str(DISCOVERY_SCRIPT)
+    if local_mode:
+        return {"spark.driver.resource.gpu.amount": str(gpus),
+                "spark.driver.resource.gpu.discoveryScript": script}
+    return {"spark.executor.resource.gpu.amount": "1", "spark.task.resource.gpu.amount": "1",
+            "spark.executor.resource.gpu.discoveryScript": script}
 
 
 def check_task_slots(num_processes: int, slots: int, master: str) -> None:
@@ -69,18 +92,21 @@ class SparkBackend(TrainingBackend):
 
         # A session of its own, started inside the timed window and stopped after it: the same
         # start-up cost whoever runs the cell (no reuse of the data stage's or a previous cell's).
-        spark = get_spark(spec.config.spark_master, app_name=f"train-{spec.cell_dir.name}", fresh=True)
+        settings = distributor_settings(spec.config, spec.world_size, torch.cuda.is_available())
+        conf = gpu_conf(settings["local_mode"], torch.cuda.device_count()) if settings["use_gpu"] else {}
+        master = master_url(spec.config, spec.paths)  # "embedded": the run's own standalone cluster
+        spark = get_spark(master, app_name=f"train-{spec.cell_dir.name}", conf=conf, fresh=True)
         try:
-            settings = distributor_settings(spec.config, spec.world_size, torch.cuda.is_available())
             if not settings["local_mode"]:
-                check_task_slots(spec.world_size, task_slots(spark, spec.world_size), spec.config.spark_master)
-            log.info("TorchDistributor(%s) on %s", settings, spec.config.spark_master)
+                check_task_slots(spec.world_size, task_slots(spark, spec.world_size), master)
+            log.info("TorchDistributor(%s) on %s", settings, master)
             TorchDistributor(**settings).run(train_worker, str(spec.cell_dir), launch_time)
         finally:
             stop_spark()
 
-    def platform_fields(self) -> dict:
-        return {"spark_session": "fresh"}
+    def platform_fields(self, spec: CellSpec) -> dict:
+        local = distributor_settings(spec.config, spec.world_size, cuda=False)["local_mode"]
+        return {"spark_session": "fresh", "platform_mode": "local" if local else "cluster"}
 
     def versions(self) -> dict[str, str]:
         import pyspark

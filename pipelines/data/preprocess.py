@@ -37,6 +37,7 @@ from pipelines.config import BenchmarkConfig
 from pipelines.data.manifest import SNAPSHOT_SPLITS
 from pipelines.data.validate import require_valid_snapshot
 from pipelines.paths import RunPaths
+from pipelines.spark_cluster import master_url
 from pipelines.spark_session import get_spark
 
 log = logging.getLogger(__name__)
@@ -103,7 +104,7 @@ def preprocess(config: BenchmarkConfig, paths: RunPaths) -> dict:
     started = time.perf_counter()
     check_tokenizer(config.tokenizer_source)  # fail here with one line, not in a Spark task
     quiet = {"spark.ui.showConsoleProgress": "false"}  # progress bars garble task logs
-    spark = get_spark(config.spark_master, app_name="preprocess", conf=quiet)
+    spark = get_spark(master_url(config, paths), app_name="preprocess", conf=quiet)
     manifest = json.loads(paths.manifest.read_text())
     for stale in paths.root.glob(".tokens.tmp-*"):  # left by a tokenization that was killed
         log.warning("removing %s, left by an earlier preprocess that did not finish", stale)

@@ -76,12 +76,17 @@ def test_dag_file_parses_fast_without_heavy_imports():
 
 def test_task_graph(dag):
     assert set(dag.task_dict) == {
-        "prepare_run", "ingest", "validate_snapshot", "preprocess", "validate_tokens",
-        *PLAN_IDS, *TRAIN_IDS, "evaluate", "report", "track", "check_regression",
+        "prepare_run", "start_spark_cluster", "ingest", "validate_snapshot", "preprocess", "validate_tokens",
+        *PLAN_IDS, *TRAIN_IDS, "stop_spark_cluster", "evaluate", "report", "track", "check_regression",
     }
     up = {tid: t.upstream_task_ids for tid, t in dag.task_dict.items()}
     assert up["prepare_run"] == set()
-    assert up["ingest"] == {"prepare_run"}
+    # the embedded Spark cluster (spark_master=embedded): a setup before the data stage, a
+    # teardown after every train task that runs whatever happened before it
+    assert up["start_spark_cluster"] == {"prepare_run"} and dag.task_dict["start_spark_cluster"].is_setup
+    assert up["stop_spark_cluster"] == {"prepare_run", "start_spark_cluster", *TRAIN_IDS}
+    assert dag.task_dict["stop_spark_cluster"].is_teardown
+    assert up["ingest"] == {"prepare_run", "start_spark_cluster"}
     assert up["validate_snapshot"] == {"prepare_run", "ingest"}
     assert up["preprocess"] == {"prepare_run", "validate_snapshot"}
     assert up["validate_tokens"] == {"prepare_run", "preprocess"}

@@ -37,6 +37,8 @@ def test_backend_returns_a_complete_result(trained, run_paths, bench_config, bac
     assert result.total_seconds > result.startup_seconds + result.training_seconds
     assert result.model_source == "random_init" and result.device == "cpu"
     assert {"torch", "transformers"} <= set(result.versions)
+    # how the platform ran, so a local mode is never read as a cluster's overhead
+    assert result.platform_mode == {"ddp": "torchrun", "spark": "local", "determined": "local"}[backend]
     on_disk = CellResult.read(run_paths.cell(backend, workers, 0).result)
     assert on_disk == result
 

@@ -76,7 +76,7 @@ def test_two_nodes_train_like_one_node_with_two_processes(scaleout_config, scale
     cell = shared.cell("ddp", 2, 0)
     on_disk = CellResult.read(cell.result)
     assert returned[0] == returned[1] == on_disk
-    assert on_disk.status == "ok" and on_disk.world_size == 2
+    assert on_disk.status == "ok" and on_disk.world_size == 2 and on_disk.platform_mode == "torchrun-2-nodes"
     assert on_disk.total_seconds > on_disk.startup_seconds > 0
 
     # Two agents really met at the rendezvous: one process each, global ranks 0 and 1.

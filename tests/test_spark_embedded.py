@@ -1,0 +1,75 @@
+"""``spark_master="embedded"``: the run starts its own Spark standalone cluster (real master +
+workers from the pyspark distribution, 127.0.0.1), preprocesses and trains the spark cells on it
+in barrier mode, and stops it afterwards: after a finished run and after a failure."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipelines import spark_cluster
+from pipelines.config import BenchmarkConfig
+from pipelines.paths import RunPaths
+from tests.test_cli import cli, data_options
+
+pytestmark = pytest.mark.slow
+
+
+def _spark_daemons(folder: Path) -> list[int]:
+    """Pids of Spark master/worker JVMs whose command line names ``folder`` (this test's cluster)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes()
+            environ = (proc / "environ").read_bytes()
+        except OSError:
+            continue
+        if b"org.apache.spark.deploy" in cmd and str(folder).encode() in cmd + environ:
+            pids.append(int(proc.name))
+    return pids
+
+
+def test_cluster_is_stopped_when_the_work_inside_fails(tmp_path, make_config):
+    paths = RunPaths(tmp_path / "run")
+    config: BenchmarkConfig = make_config(spark_master="embedded")
+    with pytest.raises(RuntimeError, match="a cell failed"):
+        with spark_cluster.embedded_cluster(paths, config) as url:
+            assert url.startswith("spark://127.0.0.1:")
+            info = json.loads(paths.spark_cluster_info.read_text())
+            assert len(info["pids"]) == 1 + spark_cluster.host_workers()  # master + one worker per core
+            assert spark_cluster.is_running(paths) and spark_cluster.master_url(config, paths) == url
+            assert _spark_daemons(paths.spark_cluster)
+            raise RuntimeError("a cell failed")
+    assert not paths.spark_cluster_info.exists() and not _spark_daemons(paths.spark_cluster)  # no leftover JVM
+    with pytest.raises(spark_cluster.ClusterNotRunning, match="was not started"):
+        spark_cluster.master_url(config, paths)
+    assert spark_cluster.master_url(make_config(spark_master="local[2]"), paths) == "local[2]"
+
+
+def test_bad_spark_master_is_refused_with_the_field_named(make_config):
+    with pytest.raises(Exception, match="spark_master"):
+        make_config(spark_master="sprak://typo:7077")
+
+
+def test_run_trains_spark_on_its_embedded_cluster_and_stops_it(tmp_path, imdb_dir, bert_tiny_dir):
+    out = tmp_path / "runs"
+    proc = cli("run", "--profile", "smoke", "--output", str(out), "--run-id", "embedded",
+               "--set", "spark_master=embedded", "--set", 'backends=["ddp", "spark"]',
+               "--set", "worker_counts=[2]", "--set", "max_seq_len=32",
+               *data_options(imdb_dir, bert_tiny_dir), cwd=tmp_path)
+    paths = RunPaths(out / "embedded")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    spark = json.loads(paths.cell("spark", 2, 0).result.read_text())
+    ddp = json.loads(paths.cell("ddp", 2, 0).result.read_text())
+    assert spark["status"] == "ok" and spark["platform_mode"] == "cluster" and ddp["platform_mode"] == "torchrun"
+    # barrier tasks ran on the embedded cluster's executors: their stderr names the barrier sync
+    stderr = "".join(p.read_text(errors="replace") for p in paths.spark_cluster.glob("worker*/app-*/*/stderr"))
+    assert "BarrierTaskContext" in stderr
+    # the data stage ran there too, and everything is gone afterwards
+    master_log = (paths.spark_cluster / "master.log").read_text()
+    assert "Registered app preprocess" in master_log and "Registered app train-spark-w2-r0" in master_log
+    assert not paths.spark_cluster_info.exists() and not _spark_daemons(paths.spark_cluster)
+    report = (paths.root / "report" / "report.md").read_text()
+    assert "| spark | cluster | 2 |" in report and "Local modes are not" not in report
