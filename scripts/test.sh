@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # README command (b): set up everything on a fresh machine, then run the whole test suite.
 #   bash scripts/test.sh [pytest args]      e.g.  bash scripts/test.sh -m "not e2e"
+# The docker-compose stack e2e (tests/compose, 10-16 min, needs root) is part of it: opt out
+# with  BENCHMARK_COMPOSE_E2E=0 bash scripts/test.sh
 set -euo pipefail
+export BENCHMARK_COMPOSE_E2E="${BENCHMARK_COMPOSE_E2E:-1}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 bash scripts/system_deps.sh

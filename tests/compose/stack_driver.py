@@ -207,9 +207,17 @@ def evidence_spark(stack: Stack, api: Api, run_id: str, tis: list[dict]) -> tupl
             found = [ln for ln in task_log(api, run_id, ti).splitlines() if "TorchDistributor(" in ln]
             line = found[0] if found else "(no TorchDistributor line)"
             driver_lines.append(line[max(line.find("TorchDistributor("), 0):][:160])
-    if not any(SPARK_MASTER in ln and "'local_mode': False" in ln for ln in driver_lines):
-        raise Check(f"(b) no train task log says TorchDistributor ran in barrier mode on {SPARK_MASTER}: "
-                    f"{driver_lines}")
+    if master.get("url") != SPARK_MASTER:
+        raise Check(f"(b) the Spark UI at {SPARK_UI} is of master {master.get('url')}, not {SPARK_MASTER}")
+    # The trigger sets no master (deployment field): the Celery workers' environment does.
+    worker_env = {name: subprocess.run(["docker", "exec", name, "printenv", "BENCHMARK_SPARK_MASTER"],
+                                       capture_output=True, text=True, timeout=60).stdout.strip()
+                  for name in stack.containers("airflow-worker").values()}
+    if set(worker_env.values()) != {SPARK_MASTER}:
+        raise Check(f"(b) BENCHMARK_SPARK_MASTER in the Celery workers is {worker_env}, want {SPARK_MASTER}")
+    if not driver_lines or not all(SPARK_MASTER in ln and "'local_mode': False" in ln for ln in driver_lines):
+        raise Check(f"(b) not every Spark train task log says TorchDistributor ran in barrier mode on "
+                    f"{SPARK_MASTER}: {driver_lines}")
     # Executor logs on the Spark worker: one folder per application and executor; every barrier
     # task (one torchrun each) logs "BarrierTaskContext: Task N ... finished global sync".
     app_ids = {apps[w]["id"]: w for w in wanted}
@@ -235,9 +243,12 @@ def evidence_spark(stack: Stack, api: Api, run_id: str, tis: list[dict]) -> tupl
             + ", ".join(f"{w} as {apps[w]['id']} ({apps[w].get('cores')} cores, {apps[w].get('state')}, "
                         f"{barrier_tasks[w]} barrier task(s) synced in executor "
                         f"{', '.join(executor_dirs[w])} on spark-worker)" for w in wanted)
-            + (f"; also {', '.join(others)}" if others else "") + f"; driver log: {driver}")
+            + (f"; also {', '.join(others)}" if others else "")
+            + f"; master from the Celery workers' BENCHMARK_SPARK_MASTER={SPARK_MASTER} (no trigger override)"
+            + f"; driver log: {driver}")
     return line, {"master": {k: master.get(k) for k in ("url", "status", "aliveworkers", "cores")},
-                  "apps": {w: apps[w] for w in wanted}, "executor_dirs": executor_dirs,
+                  "worker_env": worker_env, "apps": {w: apps[w] for w in wanted},
+                  "executor_dirs": executor_dirs,
                   "barrier_tasks": barrier_tasks, "driver_lines": driver_lines}
 
 
