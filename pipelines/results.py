@@ -117,6 +117,7 @@ class CellResult(BaseModel):
     recovery_seconds: float = 0.0
     timed_window: TimedWindow | None = None
     devices: list[str] = Field(default_factory=list)  # per rank: "cpu:cores 0" or "cuda:0"
+    placements: list[str] = Field(default_factory=list)  # per rank: host [+ " executor <app>/<id>"]
     spark_session: str | None = None  # spark: "fresh" (started for this cell, stopped after it)
     # how the platform ran (TrainingBackend.platform_fields): ddp "torchrun" / "torchrun-<k>-nodes";
     # spark "local" (torchrun on the driver) / "cluster" (barrier tasks on executors);

@@ -26,8 +26,8 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 class CellTerminated(BaseException):
     """The cell was stopped by a signal (not an error of the cell itself)."""
 
-    def __init__(self, signum: int):
-        super().__init__(f"stopped by {signal.Signals(signum).name}: the cell's processes were terminated")
+    def __init__(self, signum: int, what: str = "the cell's processes were terminated"):
+        super().__init__(f"stopped by {signal.Signals(signum).name}: {what}")
         self.signum = signum
 
 
@@ -45,6 +45,25 @@ def terminate_descendants(grace: float = GRACE_S) -> list[int]:
             child.kill()
     psutil.wait_procs(alive, timeout=grace)
     return [c.pid for c in children]
+
+
+@contextlib.contextmanager
+def raise_on_sigterm() -> Iterator[None]:
+    """Within the block, SIGTERM raises ``CellTerminated`` (as Ctrl-C raises KeyboardInterrupt),
+    so ``finally`` clean-up runs (e.g. stopping the run's embedded Spark cluster); main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def handler(signum, frame):
+        raise CellTerminated(signum, "stopping what the run started")
+
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager

@@ -34,6 +34,7 @@ from pathlib import Path
 from pipelines.config import BenchmarkConfig
 from pipelines.fileio import atomic_write_json
 from pipelines.paths import RunPaths
+from pipelines.signals import raise_on_sigterm
 
 log = logging.getLogger(__name__)
 EMBEDDED = "embedded"
@@ -171,10 +172,11 @@ def embedded_cluster(paths: RunPaths, config: BenchmarkConfig) -> Iterator[str |
     if config.spark_master != EMBEDDED or is_running(paths):
         yield None
         return
-    try:
-        yield start(paths)
-    finally:
-        stop(paths)
+    with raise_on_sigterm():  # a SIGTERM'd run still stops its cluster
+        try:
+            yield start(paths)
+        finally:
+            stop(paths)
 
 
 def master_url(config: BenchmarkConfig, paths: RunPaths) -> str:

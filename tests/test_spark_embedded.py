@@ -5,6 +5,11 @@ in barrier mode, and stops it afterwards: after a finished run and after a failu
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +17,7 @@ import pytest
 from pipelines import spark_cluster
 from pipelines.config import BenchmarkConfig
 from pipelines.paths import RunPaths
-from tests.test_cli import cli, data_options
+from tests.test_cli import ROOT, cli, data_options
 
 pytestmark = pytest.mark.slow
 
@@ -48,6 +53,26 @@ def test_cluster_is_stopped_when_the_work_inside_fails(tmp_path, make_config):
     assert spark_cluster.master_url(make_config(spark_master="local[2]"), paths) == "local[2]"
 
 
+def test_sigterm_during_the_run_still_stops_the_cluster(tmp_path, imdb_dir, bert_tiny_dir):
+    out = tmp_path / "runs"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    proc = subprocess.Popen([sys.executable, "-m", "pipelines", "run", "--profile", "smoke", "--output", str(out),
+                             "--run-id", "stopped", "--set", "spark_master=embedded",
+                             *data_options(imdb_dir, bert_tiny_dir)], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    paths = RunPaths(out / "stopped")
+    deadline = time.monotonic() + 180
+    while not spark_cluster.is_running(paths) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert spark_cluster.is_running(paths), proc.communicate()[0][-3000:] if proc.poll() is not None else "not up"
+    proc.send_signal(signal.SIGTERM)  # as `timeout`, systemd or an Airflow task kill would
+    output = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 128 + signal.SIGTERM, output[-3000:]
+    assert "stopped by SIGTERM" in output
+    assert not paths.spark_cluster_info.exists() and not _spark_daemons(paths.spark_cluster)
+
+
 def test_bad_spark_master_is_refused_with_the_field_named(make_config):
     with pytest.raises(Exception, match="spark_master"):
         make_config(spark_master="sprak://typo:7077")
@@ -64,6 +89,10 @@ def test_run_trains_spark_on_its_embedded_cluster_and_stops_it(tmp_path, imdb_di
     spark = json.loads(paths.cell("spark", 2, 0).result.read_text())
     ddp = json.loads(paths.cell("ddp", 2, 0).result.read_text())
     assert spark["status"] == "ok" and spark["platform_mode"] == "cluster" and ddp["platform_mode"] == "torchrun"
+    # each rank ran in its own executor of the cluster (2 workers x 1 core): recorded per rank
+    executors = [p.split(" executor ")[1] for p in spark["placements"]]
+    assert len(set(executors)) == 2 and all(e.startswith("app-") for e in executors), spark["placements"]
+    assert " executor " not in " ".join(ddp["placements"]) and len(ddp["placements"]) == 2
     # barrier tasks ran on the embedded cluster's executors: their stderr names the barrier sync
     stderr = "".join(p.read_text(errors="replace") for p in paths.spark_cluster.glob("worker*/app-*/*/stderr"))
     assert "BarrierTaskContext" in stderr

@@ -34,7 +34,7 @@ from pipelines.cell import CellSpec
 from pipelines.fileio import atomic_write_json
 from pipelines.paths import CellPaths
 from pipelines.training import loop
-from pipelines.training.distributed import DistEnv, pin_cpu_cores
+from pipelines.training.distributed import DistEnv, pin_cpu_cores, placement
 from pipelines.training.model import build_model
 from pipelines.training.record import TrainingRecord
 from pipelines.training.worker import setup_logging
@@ -208,7 +208,8 @@ def main(cell_dir: str, launch_time: float) -> None:
                 test=test, test_seconds=test_seconds, train_samples=len(trial.train_set),
                 test_samples=len(trial.test_set), checkpoint_path=str(ckpt_path) if ckpt_path else None,
                 model_path=loop.export_model(trial.raw_model, spec.cell),
-                devices=[trial.env.device_label] * trial.env.world_size), spec)
+                devices=[trial.env.device_label] * trial.env.world_size,
+                placements=[placement()] * trial.env.world_size), spec)
     if created_group and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
 

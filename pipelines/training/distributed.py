@@ -19,6 +19,8 @@ overrides the step it owns, without copying the loop:
 from __future__ import annotations
 
 import os
+import re
+import socket
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -44,6 +46,19 @@ class DistEnv:
         if self.device.type == "cuda":
             return f"cuda:{self.device.index}"
         return "cpu:cores " + ",".join(map(str, self.cores)) if self.cores else "cpu"
+
+
+# A Spark executor runs in <worker work dir>/<app id>/<executor id>; its Python workers and the
+# torchrun ranks a barrier task starts inherit that working directory.
+_SPARK_EXECUTOR_DIR = re.compile(r"/(app-\d+-\d+)/(\d+)$")
+
+
+def placement(cwd: str | None = None, host: str | None = None) -> str:
+    """Where this rank ran, for the result: ``<host>``, or ``<host> executor <app>/<id>`` when a
+    Spark executor started it (cluster mode: the barrier task's executor)."""
+    host = host or socket.gethostname()
+    match = _SPARK_EXECUTOR_DIR.search(cwd if cwd is not None else os.getcwd())
+    return f"{host} executor {match.group(1)}/{match.group(2)}" if match else host
 
 
 def pin_cpu_cores(local_rank: int, local_world: int, threads: int) -> tuple[int, ...]:

@@ -48,6 +48,7 @@ from pipelines.training.distributed import (
     all_reduce_sum,
     autocast,
     device_name,
+    placement,
 )
 from pipelines.training.model import build_model
 from pipelines.training.record import TrainingRecord
@@ -124,12 +125,14 @@ def evaluate(model, loader: DataLoader, device: torch.device, keep_predictions: 
     return loss_sum, correct, count, None, None
 
 
-def worker_devices(env: DistEnv) -> list[str]:
-    """Every rank's device label (``cuda:0``, ``cpu:cores 1``), gathered to every rank."""
-    labels = [env.device_label] * env.world_size
+def worker_devices(env: DistEnv) -> tuple[list[str], list[str]]:
+    """Every rank's device label (``cuda:0``, ``cpu:cores 1``) and placement (host, Spark
+    executor: ``distributed.placement``), gathered to every rank."""
+    mine = (env.device_label, placement())
+    labels = [mine] * env.world_size
     if env.world_size > 1:
-        dist.all_gather_object(labels, env.device_label)
-    return labels
+        dist.all_gather_object(labels, mine)
+    return [d for d, _ in labels], [p for _, p in labels]
 
 
 def final_test(model, test_set: TensorDataset, spec: CellSpec, device: torch.device) -> tuple[TestMetrics, float]:
@@ -172,7 +175,7 @@ def export_model(model, cell: CellPaths) -> str:
 def worker_result(spec: CellSpec, env: DistEnv, record: TrainingRecord, *, launch_time: float,
                   model_source: str, test: TestMetrics, test_seconds: float, train_samples: int,
                   test_samples: int, checkpoint_path: str | None, model_path: str | None,
-                  devices: list[str]) -> CellResult:
+                  devices: list[str], placements: list[str] | None = None) -> CellResult:
     """Rank 0's result: the same fields, from the same record, under every backend."""
     cfg = spec.config  # the cell's config: seed + repeat, per-worker batch, scaled lr
     return CellResult(
@@ -182,6 +185,7 @@ def worker_result(spec: CellSpec, env: DistEnv, record: TrainingRecord, *, launc
         num_labels=spec.num_labels, batch_size_per_worker=cfg.batch_size,
         global_batch_size=cfg.batch_size * env.world_size, batch_policy=cfg.batch_policy,
         lr_scaling=cfg.lr_scaling, learning_rate=cfg.learning_rate, seed=cfg.seed, devices=devices,
+        placements=placements or [],
         epochs=record.history, test=test, **record.timings(launch_time, test_seconds),
         peak_memory_mb=peak_memory_mb(env.device), checkpoint_path=checkpoint_path,
         model_path=model_path, resumed_from_epoch=record.resumed_from_epoch, versions=versions(),
@@ -313,7 +317,7 @@ def _train(spec: CellSpec, env: DistEnv, distributed: TorchDistributed, launch_t
         if hook is not None:
             hook(epoch=epoch + 1, rank=env.rank, cell_dir=spec.cell_dir)
 
-    devices = worker_devices(env)
+    devices, placements = worker_devices(env)
     if not env.is_main:
         return
     test, test_seconds = final_test(model, test_set, spec, env.device)
@@ -321,4 +325,5 @@ def _train(spec: CellSpec, env: DistEnv, distributed: TorchDistributed, launch_t
     write_worker_result(worker_result(
         spec, env, record, launch_time=launch_time, model_source=model_source, test=test,
         test_seconds=test_seconds, train_samples=len(train_set), test_samples=len(test_set),
-        checkpoint_path=checkpoint_path, model_path=export_model(model, spec.cell), devices=devices), spec)
+        checkpoint_path=checkpoint_path, model_path=export_model(model, spec.cell), devices=devices,
+        placements=placements), spec)

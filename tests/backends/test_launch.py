@@ -119,3 +119,11 @@ def test_importing_backends_is_cheap():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(ddp.__file__).resolve().parents[2])
     assert out.stdout.strip() == "[]"
+
+
+def test_placement_names_the_spark_executor_a_rank_ran_in():
+    from pipelines.training.distributed import placement
+
+    work = "/opt/spark/work/app-20261130202133-0001/3"  # <worker work dir>/<app id>/<executor id>
+    assert placement(cwd=work, host="node7") == "node7 executor app-20261130202133-0001/3"
+    assert placement(cwd="/srv/runs/r1", host="node7") == "node7"  # torchrun, Determined, local mode
