@@ -179,7 +179,7 @@ def main(cell_dir: str, launch_time: float) -> None:
     torch.set_num_threads(cfg.threads_per_worker)
     if not torch.cuda.is_available() and "LOCAL_WORLD_SIZE" in os.environ:  # as the shared loop does
         pin_cpu_cores(int(os.environ.get("LOCAL_RANK", 0)), int(os.environ["LOCAL_WORLD_SIZE"]),
-                      cfg.threads_per_worker)
+                      cfg.threads_per_worker, int(os.environ.get("WORLD_SIZE", 1)))
     distributed, created_group = None, False
     if det.get_cluster_info() is None:  # local mode under torchrun
         os.environ["USE_TORCH_DISTRIBUTED"] = "1"

@@ -127,3 +127,19 @@ def test_placement_names_the_spark_executor_a_rank_ran_in():
     work = "/opt/spark/work/app-20261130202133-0001/3"  # <worker work dir>/<app id>/<executor id>
     assert placement(cwd=work, host="node7") == "node7 executor app-20261130202133-0001/3"
     assert placement(cwd="/srv/runs/r1", host="node7") == "node7"  # torchrun, Determined, local mode
+
+
+def test_one_process_per_node_ranks_are_not_pinned_to_the_same_core():
+    """Spark barrier tasks start one torchrun per task: every rank is local rank 0 of 1. Two
+    such ranks on one host must not both be pinned to core 0 (they would share it)."""
+    import os
+
+    from pipelines.training.distributed import pin_cpu_cores
+
+    before = os.sched_getaffinity(0)
+    try:
+        assert pin_cpu_cores(0, 1, 1, world=2) == () and os.sched_getaffinity(0) == before
+        if len(before) >= 2:  # torchrun with 2 local ranks: each its own core
+            assert pin_cpu_cores(1, 2, 1, world=2) == (sorted(before)[1],)
+    finally:
+        os.sched_setaffinity(0, before)
