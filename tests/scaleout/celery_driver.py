@@ -103,6 +103,17 @@ def main() -> int:
         state = f"not finished: {err}"
     tasks = query(f"SELECT {', '.join(TI_COLUMNS)} FROM task_instance WHERE dag_id=%s AND run_id=%s "
                   "ORDER BY start_date NULLS LAST, task_id, map_index", DAG_ID, RUN_ID)
+
+    # Airflow marks a task instance done when its task process reports; the Celery worker stores
+    # the Celery task's own outcome when that process has exited, moments later.
+    def celery_settled():
+        rows = query("SELECT status FROM celery_taskmeta")
+        return all(s in ("SUCCESS", "FAILURE", "REVOKED") for (s,) in rows)
+
+    try:
+        wait("the Celery results", celery_settled, 60, watched)
+    except SystemExit as err:
+        print(f"warning: {err}", file=sys.stderr)
     celery = query("SELECT task_id, status, date_done FROM celery_taskmeta")
     result = {
         "state": state,
