@@ -37,8 +37,8 @@ cache each), reads the cell's ``worker_result.json`` and prints, per option set:
 TrainingRecord epoch: train + held-out eval + checkpoint), the 20-epoch total (sum of epoch
 times; projected as first + 19 x steady when fewer epochs ran) and its ratio to 499 s. Writes
 ``<out>/gpu_check.json``. Importing what ``run`` needs pulls in no pyspark, airflow,
-great_expectations or mlflow; scikit-learn (the final test's metrics) is replaced by a numpy
-equivalent when it is missing.
+great_expectations, mlflow or scikit-learn (the final test's metrics, ``pipelines.metrics``,
+are numpy).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ OPTIONS = ("bf16", "fused", "gpu-data", "compile", "cuda-graphs", "dynamic")
 # `run` on a GPU without --matrix or flags: the way from the loop's plain steps to all options
 DEFAULT_GPU_MATRIX = ("base,bf16,bf16+fused+gpu-data,bf16+fused+gpu-data+compile,"
                       "bf16+fused+gpu-data+cuda-graphs,bf16+fused+gpu-data+cuda-graphs+dynamic")
-HEAVY_MODULES = ("pyspark", "airflow", "great_expectations", "mlflow")
+HEAVY_MODULES = ("pyspark", "airflow", "great_expectations", "mlflow", "sklearn")
 RESULT_FILE = "gpu_check.json"
 DATA_INFO = "gpu_check_data.json"
 MODEL_FILES = ("config.json", "vocab.txt", "tokenizer.json", "tokenizer_config.json",
@@ -128,62 +128,6 @@ def prepare(args) -> dict:
 
 
 # --- run-one: one option set, this process -------------------------------------------------------
-def numpy_sklearn_metrics():
-    """A ``sklearn.metrics`` stand-in: the three functions ``pipelines.metrics`` calls, in numpy,
-    with the same results for the arguments it passes (labels given, average=None)."""
-    import types
-
-    import numpy as np
-
-    def accuracy_score(y_true, y_pred):
-        return float(np.mean(np.asarray(y_true) == np.asarray(y_pred)))
-
-    def confusion_matrix(y_true, y_pred, labels):
-        index = {label: i for i, label in enumerate(labels)}
-        matrix = np.zeros((len(labels), len(labels)), dtype=np.int64)
-        for t, p in zip(np.asarray(y_true).tolist(), np.asarray(y_pred).tolist()):
-            if t in index and p in index:
-                matrix[index[t], index[p]] += 1
-        return matrix
-
-    def precision_recall_fscore_support(y_true, y_pred, labels, average=None, zero_division=0):
-        if average is not None:
-            raise ValueError("only average=None is provided here")
-        cm = confusion_matrix(y_true, y_pred, labels).astype(float)
-        tp, predicted, support = np.diag(cm), cm.sum(0), cm.sum(1)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            precision = np.where(predicted > 0, tp / predicted, zero_division)
-            recall = np.where(support > 0, tp / support, zero_division)
-            f1 = np.where(precision + recall > 0, 2 * precision * recall / (precision + recall), zero_division)
-        return precision, recall, f1, support.astype(np.int64)
-
-    module = types.ModuleType("sklearn.metrics")
-    module.accuracy_score, module.confusion_matrix = accuracy_score, confusion_matrix
-    module.precision_recall_fscore_support = precision_recall_fscore_support
-    return module
-
-
-def _install_sklearn_fallback() -> bool:
-    """The final test's metrics import ``sklearn.metrics``; where scikit-learn is missing (a bare
-    GPU image), register the numpy stand-in under that name. True when it did."""
-    try:
-        import sklearn.metrics  # noqa: F401
-        return False
-    except ImportError:
-        pass
-    import types
-    from importlib.machinery import ModuleSpec
-
-    module = numpy_sklearn_metrics()
-    package = types.ModuleType("sklearn")
-    package.metrics = module
-    # a spec (no origin) keeps importlib.util.find_spec working (torch._dynamo asks for "sklearn")
-    package.__spec__ = ModuleSpec("sklearn", None, is_package=True)
-    module.__spec__ = ModuleSpec("sklearn.metrics", None)
-    sys.modules["sklearn"], sys.modules["sklearn.metrics"] = package, module
-    return True
-
-
 def heavy_modules_loaded() -> list[str]:
     """The heavy stacks (Spark, Airflow, GX, MLflow) this process has imported (a ``None``
     entry in sys.modules marks a blocked module, not an imported one)."""
@@ -268,7 +212,6 @@ def run_one(args) -> dict:
     info = json.loads((data / DATA_INFO).read_text())
     shutil.rmtree(cell_dir, ignore_errors=True)  # never resume from an earlier check's checkpoints
     cell_dir.mkdir(parents=True)
-    sklearn_fallback = _install_sklearn_fallback()
     config = load_config("paper", {
         "epochs": args.epochs, "batch_size": args.batch_size, "max_seq_len": info["seq_len"],
         "learning_rate": args.lr, "seed": info["seed"], "model_source": str(data / "model"),
@@ -284,7 +227,7 @@ def run_one(args) -> dict:
     run_training(spec, launch, distributed=make_distributed(options, args.device, args.compile_backend))
     result = CellResult.model_validate_json(spec.cell.worker_result.read_text())
     summary = summarize(result, options, target_epochs=args.target_epochs, study_seconds=args.study_seconds)
-    summary.update(sklearn_fallback=sklearn_fallback, wall_seconds=time.time() - launch,
+    summary.update(wall_seconds=time.time() - launch,
                    heavy_modules_loaded=heavy_modules_loaded(),
                    gpu=torch.cuda.get_device_name() if result.device.startswith("cuda") else None)
     (cell_dir / "summary.json").write_text(json.dumps(summary, indent=2))

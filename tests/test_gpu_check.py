@@ -70,7 +70,7 @@ def test_tiny_cpu_check_end_to_end_without_heavy_packages(tmp_path):
     for r in rows.values():
         assert r["device"] == "cpu" and r["epochs"] == 2 and r["train_samples"] == 48
         assert r["batch_size"] == 16 and r["max_seq_len"] == 32
-        assert r["heavy_modules_loaded"] == [] and r["sklearn_fallback"] is True
+        assert r["heavy_modules_loaded"] == []  # scikit-learn included: the metrics are numpy
         assert r["samples_per_second"] > 0 and r["steady_samples_per_second"] > 0
         assert len(r["train_seconds_per_epoch"]) == len(r["epoch_seconds"]) == 2
         assert all(t > 0 for t in r["train_seconds_per_epoch"])
@@ -159,19 +159,24 @@ def test_compile_option_wraps_the_model():
     assert compiled(input_ids=ids, attention_mask=torch.ones_like(ids)).logits.shape == (2, 2)
 
 
-def test_numpy_metrics_stand_in_matches_sklearn():
+def test_numpy_metrics_match_sklearn():
+    from pipelines.metrics import classification_metrics
+
     sk = pytest.importorskip("sklearn.metrics")
-    ours = gpu_check.numpy_sklearn_metrics()
     rng = np.random.default_rng(0)
     y_true, y_pred = rng.integers(0, 3, 200), rng.integers(0, 3, 200)
     y_pred[y_pred == 2] = 1  # class 2 never predicted: zero_division path
     labels = [0, 1, 2, 3]  # class 3 in neither
-    assert ours.accuracy_score(y_true, y_pred) == sk.accuracy_score(y_true, y_pred)
-    assert np.array_equal(ours.confusion_matrix(y_true, y_pred, labels=labels),
-                          sk.confusion_matrix(y_true, y_pred, labels=labels))
-    for a, b in zip(ours.precision_recall_fscore_support(y_true, y_pred, labels=labels, average=None, zero_division=0),
-                    sk.precision_recall_fscore_support(y_true, y_pred, labels=labels, average=None, zero_division=0)):
+    ours = classification_metrics(y_true, y_pred, 0.5, labels)
+    assert ours.accuracy == sk.accuracy_score(y_true, y_pred)
+    assert np.array_equal(ours.confusion_matrix, sk.confusion_matrix(y_true, y_pred, labels=labels))
+    precision, recall, f1, support = sk.precision_recall_fscore_support(
+        y_true, y_pred, labels=labels, average=None, zero_division=0)
+    for a, b in zip(([c.precision for c in ours.per_class], [c.recall for c in ours.per_class],
+                     [c.f1 for c in ours.per_class], [c.support for c in ours.per_class]),
+                    (precision, recall, f1, support)):
         np.testing.assert_allclose(a, b)
+    np.testing.assert_allclose([ours.precision, ours.recall, ours.f1], [precision.mean(), recall.mean(), f1.mean()])
 
 
 def test_summary_sums_twenty_measured_epochs_and_projects_fewer():
