@@ -30,6 +30,7 @@ from pipelines.config import Backend, BenchmarkConfig
 from pipelines.paths import RunPaths, cell_name
 from pipelines.results import CellResult
 from pipelines.summary import Aggregate, CellRow, FailedCell, Hardware, Interval, RunSummary, Stats
+from pipelines.training import phases
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +122,14 @@ def cell_row(name: str, result: CellResult, target: float) -> CellRow:
         lost_seconds=result.lost_seconds, recovery_seconds=result.recovery_seconds,
         window_start=result.timed_window.start if result.timed_window else None,
         window_end=result.timed_window.end if result.timed_window else None,
+        phases=result.phases,
     )
+
+
+def _median_phases(rows: list[CellRow]) -> dict[str, float]:
+    """Per phase, the median over the repeats (a phase missing in a repeat counts as 0 s)."""
+    names = [p for p in (*phases.PHASES, phases.RETRIES) if any(p in r.phases for r in rows)]
+    return {p: _stats([r.phases.get(p, 0.0) for r in rows if r.phases]).median for p in names}
 
 
 def _aggregate(config: BenchmarkConfig, rows: list[CellRow]) -> list[Aggregate]:
@@ -157,6 +165,7 @@ def _aggregate(config: BenchmarkConfig, rows: list[CellRow]) -> list[Aggregate]:
                 time_to_target_seconds=_stats(tta).median, reached_target=len(tta),
                 worker_hours=worker_hours,
                 estimated_cost=None if worker_hours is None else worker_hours * config.price_per_worker_hour,
+                phases=_median_phases(ok),
             ))
     return _derive(aggregates)
 
@@ -250,6 +259,7 @@ def summary_metrics(summary: RunSummary) -> dict[str, float]:
             "overhead_vs_ddp_total": agg.overhead_vs_ddp_total,
             "estimated_cost": agg.estimated_cost,
         }
+        values.update({f"phase_{p}_seconds_median": v for p, v in agg.phases.items()})
         out.update({f"{agg.key}/{k}": float(v) for k, v in values.items() if v is not None})
     out["cells_failed"] = float(len(summary.failed))
     out["estimated_cost_total"] = float(summary.estimated_cost_total)

@@ -89,6 +89,10 @@ class CellPaths:
         return self.root / "model"
 
     @property
+    def tensorboard(self) -> Path:  # TensorBoard event files (pipelines.tensorboard)
+        return self.root / "tensorboard"
+
+    @property
     def mlflow_run(self) -> Path:
         return self.root / "mlflow_run.json"
 

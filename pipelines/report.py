@@ -28,6 +28,7 @@ from pipelines.fileio import atomic_write_text
 from pipelines.paths import RunPaths
 from pipelines.results import CellResult
 from pipelines.summary import Aggregate, RunSummary, read_summary
+from pipelines.training import phases
 
 log = logging.getLogger(__name__)
 
@@ -189,6 +190,53 @@ def plot_overhead(summary: RunSummary, path: Path) -> Path:
     return _save(plt, fig, path)
 
 
+PHASE_ORDER = (*phases.PHASES, phases.RETRIES)
+
+
+def plot_phases(summary: RunSummary, path: Path) -> Path:
+    """Where the time goes: one stacked bar per (backend, workers), a segment per phase."""
+    plt, fig, ax = _figure()
+    aggs = [a for a in summary.aggregates if a.phases]
+    names = [p for p in PHASE_ORDER if any(a.phases.get(p) for a in aggs)]
+    bottoms = [0.0] * len(aggs)
+    for i, name in enumerate(names):
+        heights = [a.phases.get(name, 0.0) for a in aggs]
+        ax.bar(range(len(aggs)), heights, bottom=bottoms, label=name, color=f"C{i}")
+        bottoms = [b + h for b, h in zip(bottoms, heights)]
+    ax.set_xticks(range(len(aggs)), [a.key for a in aggs], rotation=30, ha="right")
+    ax.set(xlabel="backend-workers", ylabel="seconds (median per phase over repeats)",
+           title="Where the time goes (phases of each cell's wall time)")
+    _legend_or_note(ax)
+    return _save(plt, fig, path)
+
+
+def phase_rows(summary: RunSummary) -> list[list[str]]:
+    """Per (backend, workers): each phase's median seconds and its share of the total."""
+    rows = []
+    for a in summary.aggregates:
+        if not a.phases:
+            continue
+        total = sum(a.phases.values())
+        rows.append([a.key, _fmt(a.total_seconds.median, "s")] + [
+            f"{a.phases[p]:.2f} ({a.phases[p] / total * 100:.0f} %)" if p in a.phases and total else "-"
+            for p in PHASE_ORDER])
+    return rows
+
+
+def _phase_lines(summary: RunSummary) -> list[str]:
+    rows = phase_rows(summary)
+    if not rows:
+        return ["No finished cell recorded phases."]
+    return [_md_table(["cell", "total", *PHASE_ORDER], rows), "",
+            "Phases (seconds, median over repeats; share of their sum): launch = adapter entry to the first "
+            "training step (processes, JVM/executors, platform start-up, data and model loading); data = "
+            "waiting for batches; communication = a gradient all-reduce in flight (DDP hook timer; overlap "
+            "with the backward pass counts here) + epoch metrics' all-reduce; compute = the rest of the "
+            "training steps; checkpoint = per-epoch checkpoints + model export; evaluation = per-epoch "
+            "held-out + final test; teardown = result written to the attempt's end (process exit, session / "
+            "cluster stop); retries = earlier failed attempts. Definitions: `pipelines/training/phases.py`."]
+
+
 def _legend_or_note(ax) -> None:
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize="small")
@@ -264,13 +312,18 @@ def _recovery_lines(summary: RunSummary) -> list[str]:
 
 
 def _where_the_time_goes(a: Aggregate, ddp: Aggregate) -> str:
-    """The recorded phase (start-up or training) that carries most of a platform's extra time."""
-    extra = {"start-up": (a.startup_seconds.median or 0.0) - (ddp.startup_seconds.median or 0.0),
-             "training": (a.training_seconds.median or 0.0) - (ddp.training_seconds.median or 0.0)}
+    """The phase that carries most of a platform's extra time over DDP (``phases``; start-up /
+    training for summaries written before phases were recorded)."""
     total = (a.total_seconds.median or 0.0) - (ddp.total_seconds.median or 0.0)
-    phase = max(extra, key=lambda k: abs(extra[k]))
-    return (f"{total:+.2f} s total: start-up {extra['start-up']:+.2f} s, training {extra['training']:+.2f} s "
-            f"(mostly {phase})")
+    if a.phases and ddp.phases:
+        extra = {p: a.phases.get(p, 0.0) - ddp.phases.get(p, 0.0) for p in PHASE_ORDER
+                 if p in a.phases or p in ddp.phases}
+    else:
+        extra = {"start-up": (a.startup_seconds.median or 0.0) - (ddp.startup_seconds.median or 0.0),
+                 "training": (a.training_seconds.median or 0.0) - (ddp.training_seconds.median or 0.0)}
+    ranked = sorted(extra, key=lambda k: -abs(extra[k]))
+    parts = ", ".join(f"{k} {extra[k]:+.2f} s" for k in ranked[:3])
+    return f"{total:+.2f} s total, mostly {ranked[0]}: {parts}"
 
 
 def study_rows(summary: RunSummary) -> list[list[str]]:
@@ -331,6 +384,7 @@ def render_markdown(config: BenchmarkConfig, summary: RunSummary, plots: list[Pa
         "accuracy on the validation split (repeats that reached it in brackets); test accuracy is "
         "measured once, after training. 'resumed': repeats that needed more than one attempt.",
         "## Beside the published study", "\n".join(_study_lines(summary)),
+        "## Where the time goes", "\n".join(_phase_lines(summary)),
         "## Training setup", "\n".join(_batch_policy_lines(config)),
         "## Fault tolerance (resumed cells)", "\n".join(_recovery_lines(summary)),
         "## Dataset", "\n".join(_dataset_lines(summary, config)),
@@ -367,6 +421,7 @@ def build_report(config: BenchmarkConfig, paths: RunPaths) -> dict[str, Any]:
         plot_scaling_efficiency(summary, paths.plot("scaling_efficiency")),
         plot_accuracy_curves(results, config.target_accuracy, paths.plot("accuracy_curves")),
         plot_overhead(summary, paths.plot("overhead_vs_ddp")),
+        plot_phases(summary, paths.plot("phases")),
     ]
     md = render_markdown(config, summary, plots)
     atomic_write_text(paths.report_markdown, md)

@@ -29,6 +29,7 @@ class EpochMetrics(BaseModel):
     epoch_seconds: float  # train + eval + checkpoint of this epoch
     elapsed_seconds: float  # wall time from the first step to the end of this epoch (all attempts)
     samples_per_second: float  # training samples/s over training time so far (all ranks)
+    learning_rate: float | None = None  # the schedule's rate after the epoch's last step
 
 
 class ClassMetrics(BaseModel):
@@ -106,6 +107,10 @@ class CellResult(BaseModel):
     evaluation_seconds: float = 0.0
     checkpoint_seconds: float = 0.0
     total_seconds: float = 0.0
+    # where the wall time goes, one definition for every backend (pipelines.training.phases):
+    # launch, data, compute, communication, checkpoint, evaluation, teardown [, retries]
+    phases: dict[str, float] = Field(default_factory=dict)
+    work_end: float | None = None  # unix time rank 0's result was complete (teardown starts)
     samples_per_second: float = 0.0
     peak_memory_mb: float = 0.0
     checkpoint_path: str | None = None  # last training checkpoint (model + optimizer + RNG)

@@ -68,6 +68,7 @@ class CellRow(BaseModel):
     recovery_seconds: float = 0.0
     window_start: float | None = None  # the timed window (host lock held)
     window_end: float | None = None
+    phases: dict[str, float] = Field(default_factory=dict)  # CellResult.phases
 
 
 class Aggregate(BaseModel):
@@ -100,6 +101,7 @@ class Aggregate(BaseModel):
     scaling_efficiency: float | None = None  # t(1) / (N * t(N))
     overhead_vs_ddp_total: float | None = None  # (t - t_ddp) / t_ddp at the same worker count
     overhead_vs_ddp_training: float | None = None
+    phases: dict[str, float] = Field(default_factory=dict)  # per phase, median over the repeats
 
 
 class FailedCell(BaseModel):

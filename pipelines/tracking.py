@@ -295,6 +295,7 @@ def log_cell_result(client, run_id: str, cell: CellPaths) -> CellResult | None:
     if result.test:
         final.update({f"test_{k}": getattr(result.test, k)
                       for k in ("accuracy", "f1", "precision", "recall", "loss")})
+    final.update({f"phase_{name}_seconds": seconds for name, seconds in result.phases.items()})
     metrics += [Metric(k, float(v), now, 0) for k, v in final.items()]
     tags = {"device": result.device, "model_source": result.model_source or "unknown",
             "cell_status": result.status, "resumed_from_epoch": str(result.resumed_from_epoch),
@@ -309,6 +310,8 @@ def log_cell_result(client, run_id: str, cell: CellPaths) -> CellResult | None:
         client.log_batch(run_id, metrics=metrics[i:i + 1000])
     client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
     client.log_artifact(run_id, str(result_file), artifact_path="result")
+    if cell.tensorboard.is_dir():  # pipelines.tensorboard: `tensorboard --logdir` on the download
+        client.log_artifacts(run_id, str(cell.tensorboard), artifact_path="tensorboard")
     model_dir = Path(result.model_path) if result.model_path else None
     if model_dir is not None and model_dir.is_dir():  # Hugging Face format: config + weights
         client.log_artifacts(run_id, str(model_dir), artifact_path="model")

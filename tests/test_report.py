@@ -11,7 +11,7 @@ import matplotlib.image
 import pytest
 from PIL import Image
 
-from pipelines.evaluation import evaluate_run
+from pipelines.evaluation import evaluate_run, summary_metrics
 from pipelines.report import TABLE_COLUMNS, build_report
 from pipelines.summary import SummaryMissing
 from tests.synthetic_results import write_synthetic_run
@@ -71,7 +71,7 @@ def test_report_table_and_plots_match_results(make_config):
     assert '- train: 400 rows (of 25000 in the source), per label {"0": 200, "1": 200}' in md
     assert "bench-host" in md and "torch 2.13.0+cpu" in md
 
-    assert len(out["plots"]) == 4
+    assert len(out["plots"]) == 5
     for plot in map(Path, out["plots"]):
         assert plot.read_bytes()[:8] == PNG_SIGNATURE
         with Image.open(plot) as img:
@@ -82,7 +82,7 @@ def test_report_table_and_plots_match_results(make_config):
         assert f"({plot.name})" in md
 
     html = Path(out["html"]).read_text()
-    assert html.count("data:image/png;base64,") == 4
+    assert html.count("data:image/png;base64,") == 5
     assert "<table>" in html and "determined-w2-r1" in html
 
 
@@ -115,8 +115,8 @@ def test_report_sets_each_platform_beside_the_study_with_its_mode(make_config):
         assert row[1] == cell.platform_mode == "local"
         overhead = (cell.total_seconds - ddp.total_seconds) / ddp.total_seconds
         assert row[4] == f"{overhead * 100:+.1f} %"
-        extra_startup = cell.startup_seconds - ddp.startup_seconds
-        assert f"start-up {extra_startup:+.2f} s" in row[6]
+        extra_launch = cell.phases["launch"] - ddp.phases["launch"]  # the phase that explains it
+        assert f"mostly launch: launch {extra_launch:+.2f} s" in row[6]
         assert row[7].startswith(f"{STUDY_OVERHEAD[backend] * 100:+.0f} %")
     # each local mode is labelled as not being the platform's cluster overhead
     assert "Local modes are not the platform's cluster overhead" in md
@@ -124,3 +124,27 @@ def test_report_sets_each_platform_beside_the_study_with_its_mode(make_config):
     modes = {f"{r['backend']}-w{r['workers']}": r["mode"] for r in parse_table(md)}  # every row labelled
     assert modes == {"ddp-w1": "torchrun", "ddp-w2": "torchrun", "spark-w1": "local", "spark-w2": "local",
                      "determined-w1": "local", "determined-w2": "local"}
+
+
+def test_report_shows_where_the_time_goes(make_config):
+    from pipelines.report import phase_rows
+    from pipelines.training.phases import PHASES
+
+    config = make_config(backends=["ddp", "spark"], worker_counts=[1, 2], repeats=2)
+    paths, results = write_synthetic_run(config)
+    summary = evaluate_run(config, paths)
+    out = build_report(config, paths)
+    md = Path(out["markdown"]).read_text()
+
+    assert "## Where the time goes" in md and "![phases](phases.png)" in md
+    rows = {r[0]: r for r in phase_rows(summary)}
+    assert set(rows) == {"spark-w1", "spark-w2", "ddp-w1", "ddp-w2"}
+    agg = {a.key: a for a in summary.aggregates}["spark-w2"]
+    for phase in PHASES:  # medians over the repeats, per phase
+        expected = statistics.median(results[f"spark-w2-r{i}"].phases[phase] for i in range(2))
+        assert agg.phases[phase] == pytest.approx(expected)
+    assert rows["spark-w2"][2].startswith(f"{agg.phases['launch']:.2f} (")
+    assert rows["ddp-w1"][2 + PHASES.index("communication")].startswith("0.00 (0 %)")
+    assert summary_metrics(summary)["spark-w2/phase_launch_seconds_median"] == pytest.approx(agg.phases["launch"])
+    plot = Path(paths.plot("phases"))
+    assert plot.read_bytes()[:8] == PNG_SIGNATURE and matplotlib.image.imread(plot).std() > 0.01

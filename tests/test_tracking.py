@@ -25,6 +25,7 @@ from mlflow.artifacts import download_artifacts
 
 from pipelines.evaluation import evaluate_run
 from pipelines.paths import RunPaths
+from pipelines.tensorboard import write_events
 from pipelines.tracking import (SYSTEM_METRICS_INTERVAL_S, TrackingUnavailable,
                                 cell_tracking, client_for, ensure_cell_run, log_benchmark, parent_run_id)
 from tests.synthetic_results import make_result, write_synthetic_run
@@ -91,6 +92,7 @@ def test_log_benchmark_parent_and_nested_runs(store, make_config, request, tmp_p
     config = make_config(backends=["ddp", "spark"], worker_counts=[1, 2], mlflow_tracking_uri=uri)
     paths, results = write_synthetic_run(config)
     summary = evaluate_run(config, paths).model_dump()
+    write_events(results["spark-w2-r0"], paths.cell("spark", 2, 0))  # as TrainingBackend.run does
 
     out = log_benchmark(config, paths)
     uri = config.resolved_tracking_uri()
@@ -118,11 +120,14 @@ def test_log_benchmark_parent_and_nested_runs(store, make_config, request, tmp_p
         assert run.data.tags["platform_mode"] == result.platform_mode
         assert run.data.metrics["test_accuracy"] == result.test.accuracy
         assert run.data.metrics["total_seconds"] == result.total_seconds
+        assert run.data.metrics["phase_launch_seconds"] == result.phases["launch"]
         history = client.get_metric_history(run.info.run_id, "eval_accuracy")
         expected = [(e.epoch, e.eval_accuracy) for e in result.epochs]
         assert sorted((m.step, m.value) for m in history) == expected
     some = children["spark-w2-r0"].info.run_id
     assert [f.path for f in client.list_artifacts(some, "model")] == ["model/model.pt"]
+    events = [f.path for f in client.list_artifacts(some, "tensorboard")]
+    assert len(events) == 1 and "tfevents" in events[0]
     local = download_artifacts(run_id=some, artifact_path="result/result.json", tracking_uri=uri,
                                dst_path=str(tmp_path / "dl"))
     original = paths.cell("spark", 2, 0).result

@@ -5,7 +5,7 @@ A backend only knows how to *launch* the shared worker on ``world_size`` process
 time), records the attempt (``pipelines.attempts``), writes the cell spec
 (``pipelines.cell.CellSpec``, with the cell's seed, batch and learning rate), times the whole
 launch (start-up is "adapter entry -> first training step", measured by the worker's
-``TrainingRecord``), reads back the result file rank 0 wrote and completes it into
+``TrainingRecord``; every phase: ``pipelines.training.phases``), reads back the result file rank 0 wrote and completes it into
 ``<cell>/result.json`` with every attempt, the timed window and the totals over attempts.
 Results never travel through a launcher's return value (TorchDistributor's is unreliable in
 local mode).
@@ -18,14 +18,24 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import ClassVar
 
-from pipelines import attempts
+from pipelines import attempts, tensorboard
 from pipelines.cell import CellSpec
 from pipelines.config import Backend, BenchmarkConfig
 from pipelines.data.manifest import read_manifest, task_labels
 from pipelines.paths import CellPaths, RunPaths
 from pipelines.results import CellResult, TimedWindow
+from pipelines.training import phases
 
 log = logging.getLogger(__name__)
+
+
+def cell_phases(result: CellResult, history: list) -> dict[str, float]:
+    """The worker's phases completed with teardown (its result -> the attempt's end) and the
+    earlier, failed attempts (``pipelines.training.phases``)."""
+    if not result.phases or result.work_end is None:
+        return result.phases
+    return phases.complete(result.phases, work_end=result.work_end, attempt_end=history[-1].end,
+                           earlier_attempts_seconds=sum((a.end or a.start) - a.start for a in history[:-1]))
 
 
 class TrainingBackend(ABC):
@@ -66,10 +76,12 @@ class TrainingBackend(ABC):
             history = attempts.end(cell, "ok", startup_seconds=result.startup_seconds)
         result = result.model_copy(update={
             "backend": self.name, "repeat": repeat, "attempts": history, **attempts.totals(history),
+            "phases": cell_phases(result, history),
             "timed_window": TimedWindow(start=launch_time, end=history[-1].end, lock_wait_seconds=waited),
             "versions": {**result.versions, **self.versions()}, **self.platform_fields(spec),
         })
         result.write(cell.result)
+        tensorboard.write_events(result, cell)  # after the timed window: costs no cell any time
         log.info("%s: %s done in %.1fs (start-up %.1fs, training %.1fs), test accuracy %.3f",
                  self.name, cell.name, result.total_seconds, result.startup_seconds,
                  result.training_seconds, result.test.accuracy if result.test else float("nan"))

@@ -6,7 +6,8 @@
 Same model factory, token shards, sampler, optimizer, schedule, evaluation and timing record
 (``TrainingRecord``) as the shared loop (``pipelines.training.loop``); Determined drives the
 loop (its own batching, DDP wrapping, validation and checkpoint schedule) and
-``EpochRecorder`` turns its callbacks into the record's phases. Local mode (no master): we
+``EpochRecorder`` turns its callbacks into the record's phases (data: the batches' wait, as
+the loop times it; communication: the same DDP hook timer on Determined's DDP wrapper). Local mode (no master): we
 join the gloo/nccl group ourselves (USE_TORCH_DISTRIBUTED=1) and hand Determined
 ``DistributedContext.from_torch_distributed()``. On a cluster (launched by
 ``determined.launch.torch_distributed``) Determined initialises everything itself.
@@ -35,6 +36,7 @@ from pipelines.fileio import atomic_write_json
 from pipelines.paths import CellPaths
 from pipelines.training import loop
 from pipelines.training.distributed import DistEnv, pin_cpu_cores, placement
+from pipelines.training.phases import CommTimer, time_ddp_communication
 from pipelines.training.model import build_model
 from pipelines.training.record import TrainingRecord
 from pipelines.training.worker import setup_logging
@@ -52,8 +54,8 @@ class RepeatingLoader:
     """Endless batches with ``len`` = batches per epoch, as Determined's loop expects from a
     non-Determined loader; the sampler gets ``set_epoch`` each pass, as in the shared loop."""
 
-    def __init__(self, loader, start_epoch: int):
-        self.loader, self.start_epoch = loader, start_epoch
+    def __init__(self, loader, start_epoch: int, record: TrainingRecord):
+        self.loader, self.start_epoch, self.record = loader, start_epoch, record
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -62,7 +64,7 @@ class RepeatingLoader:
         epoch = self.start_epoch
         while True:
             self.loader.sampler.set_epoch(epoch)
-            yield from self.loader
+            yield from self.record.timed_batches(self.loader)  # the "data" phase, as in the loop
             epoch += 1
 
 
@@ -74,8 +76,11 @@ class EpochRecorder(dtorch.PyTorchCallback):
     validating, both every epoch).
     """
 
-    def __init__(self, record: TrainingRecord, cell: CellPaths, is_main: bool):
+    def __init__(self, record: TrainingRecord, cell: CellPaths, is_main: bool,
+                 comm_timer: CommTimer | None = None, scheduler=None):
         self.record, self.cell, self.is_main = record, cell, is_main
+        self.comm_timer = comm_timer or CommTimer()
+        self.scheduler = scheduler  # for the epoch's learning rate
         self.train_metrics: dict = {}
 
     def on_training_epoch_start(self, epoch_idx: int) -> None:
@@ -84,6 +89,7 @@ class EpochRecorder(dtorch.PyTorchCallback):
 
     def on_training_workload_end(self, avg_metrics, batch_metrics) -> None:
         self.record.end("train")
+        self.record.add("communication", self.comm_timer.take())
         self.train_metrics = avg_metrics
 
     def on_validation_start(self) -> None:
@@ -94,7 +100,8 @@ class EpochRecorder(dtorch.PyTorchCallback):
         n = float(metrics["count"])
         m = self.record.end_epoch(
             train_loss=float(self.train_metrics["loss"]), train_accuracy=float(self.train_metrics["accuracy"]),
-            eval_loss=float(metrics["loss_sum"]) / n, eval_accuracy=float(metrics["correct"]) / n)
+            eval_loss=float(metrics["loss_sum"]) / n, eval_accuracy=float(metrics["correct"]) / n,
+            learning_rate=self.scheduler.get_last_lr()[0] if self.scheduler is not None else None)
         if self.is_main:
             log.info("epoch %d: train loss %.4f acc %.3f | eval loss %.4f acc %.3f",
                      m.epoch, m.train_loss, m.train_accuracy, m.eval_loss, m.eval_accuracy)
@@ -123,7 +130,10 @@ class BenchmarkTrial(dtorch.PyTorchTrial):
         self.validation_set = loop.load_split(self.spec.paths, "validation")
         model, self.model_source = build_model(cfg.model_source, cfg.seed, self.spec.num_labels)
         self.raw_model = model
-        self.model = context.wrap_model(model)
+        # Determined wraps the model in its DDP subclass (world > 1): time its all-reduce with
+        # the same hook timer as the shared loop (the "communication" phase)
+        self.comm_timer = CommTimer()
+        self.model = time_ddp_communication(context.wrap_model(model), self.comm_timer)
         self.loader = loop.train_loader(self.train_set, cfg, self.env)
         optimizer, scheduler = loop.build_optimizer(model, cfg, len(self.loader) * cfg.epochs)
         self.optimizer = context.wrap_optimizer(optimizer)
@@ -134,11 +144,12 @@ class BenchmarkTrial(dtorch.PyTorchTrial):
         marker = read_marker(self.spec.cell)
         self.record = TrainingRecord.from_state(
             marker and marker["record"], len(self.loader.sampler) * self.env.world_size)
-        self.recorder = EpochRecorder(self.record, self.spec.cell, self.env.is_main)
+        self.recorder = EpochRecorder(self.record, self.spec.cell, self.env.is_main, self.comm_timer,
+                                      scheduler=scheduler)
         torch.manual_seed(cfg.seed + self.env.rank)  # dropout stream, as in the shared loop
 
     def build_training_data_loader(self):
-        return RepeatingLoader(self.loader, start_epoch=self.record.epochs_done)
+        return RepeatingLoader(self.loader, start_epoch=self.record.epochs_done, record=self.record)
 
     def build_validation_data_loader(self):
         return loop.eval_loader(self.validation_set, self.spec.config.batch_size, self.env)
@@ -203,11 +214,12 @@ def main(cell_dir: str, launch_time: float) -> None:
             test, test_seconds = loop.final_test(trial.raw_model, trial.test_set, spec, trial.env.device)
             last = read_marker(spec.cell)
             ckpt_path = spec.cell.determined / "determined" / last["uuid"] if last else None
+            model_path, export_seconds = loop.timed_export(trial.raw_model, spec.cell)
             loop.write_worker_result(loop.worker_result(
                 spec, trial.env, trial.record, launch_time=launch_time, model_source=trial.model_source,
                 test=test, test_seconds=test_seconds, train_samples=len(trial.train_set),
                 test_samples=len(trial.test_set), checkpoint_path=str(ckpt_path) if ckpt_path else None,
-                model_path=loop.export_model(trial.raw_model, spec.cell),
+                model_path=model_path, export_seconds=export_seconds,
                 devices=[trial.env.device_label] * trial.env.world_size,
                 placements=[placement()] * trial.env.world_size), spec)
     if created_group and torch.distributed.is_initialized():

@@ -4,7 +4,8 @@ The shared loop (``pipelines.training.loop.run_training``) never decides these i
 a ``Distributed`` object. The default, ``TorchDistributed``, is what torchrun-started ranks need
 (torchrun and TorchDistributor set RANK / LOCAL_RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT):
 join the group (nccl on GPU, gloo on CPU) unless one exists, wrap the model in
-``DistributedDataParallel``, leave the loaders alone, and destroy the group at the end only if
+``DistributedDataParallel`` (its all-reduce timed by ``comm_timer``: the "communication"
+phase), leave the loaders alone, and destroy the group at the end only if
 it created it (``optimizer_options``: extra AdamW arguments, none by default). A framework
 that owns these (Ray Train's ``prepare_model`` /
 ``prepare_data_loader`` and its process group, FSDP's ``fully_shard``) subclasses it and
@@ -26,6 +27,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from pipelines.training.phases import CommTimer, time_ddp_communication
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,7 @@ class TorchDistributed:
 
     def __init__(self) -> None:
         self.created_group = False
+        self.comm_timer = CommTimer()  # gradient all-reduce time, the "communication" phase
 
     def setup(self) -> DistEnv:
         """Read RANK / WORLD_SIZE / LOCAL_RANK; join the process group if world > 1."""
@@ -121,8 +125,9 @@ class TorchDistributed:
         """The module the training steps call; its parameters must be ``model``'s."""
         if env.world_size == 1:
             return model
-        return torch.nn.parallel.DistributedDataParallel(
+        ddp = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[env.local_rank] if env.device.type == "cuda" else None)
+        return time_ddp_communication(ddp, self.comm_timer)
 
     def prepare_loader(self, loader, env: DistEnv):
         return loader

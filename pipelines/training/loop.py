@@ -28,6 +28,7 @@ import resource
 import shutil
 import socket
 import time
+from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
@@ -172,10 +173,17 @@ def export_model(model, cell: CellPaths) -> str:
     return str(target)
 
 
+def timed_export(model, cell: CellPaths) -> tuple[str, float]:
+    start = time.perf_counter()
+    path = export_model(model, cell)
+    return path, time.perf_counter() - start
+
+
 def worker_result(spec: CellSpec, env: DistEnv, record: TrainingRecord, *, launch_time: float,
                   model_source: str, test: TestMetrics, test_seconds: float, train_samples: int,
                   test_samples: int, checkpoint_path: str | None, model_path: str | None,
-                  devices: list[str], placements: list[str] | None = None) -> CellResult:
+                  devices: list[str], placements: list[str] | None = None,
+                  export_seconds: float = 0.0) -> CellResult:
     """Rank 0's result: the same fields, from the same record, under every backend."""
     cfg = spec.config  # the cell's config: seed + repeat, per-worker batch, scaled lr
     return CellResult(
@@ -187,6 +195,8 @@ def worker_result(spec: CellSpec, env: DistEnv, record: TrainingRecord, *, launc
         lr_scaling=cfg.lr_scaling, learning_rate=cfg.learning_rate, seed=cfg.seed, devices=devices,
         placements=placements or [],
         epochs=record.history, test=test, **record.timings(launch_time, test_seconds),
+        phases=record.cell_phases(launch_time, final_test_seconds=test_seconds, export_seconds=export_seconds),
+        work_end=time.time(),
         peak_memory_mb=peak_memory_mb(env.device), checkpoint_path=checkpoint_path,
         model_path=model_path, resumed_from_epoch=record.resumed_from_epoch, versions=versions(),
         host=socket.gethostname(),
@@ -272,7 +282,7 @@ def _train(spec: CellSpec, env: DistEnv, distributed: TorchDistributed, launch_t
         with record.phase("train"):
             loss_sum = torch.zeros((), dtype=torch.float64, device=env.device)
             acc_sum = torch.zeros((), dtype=torch.float64, device=env.device)
-            for i, batch in enumerate(loader):
+            for i, batch in enumerate(record.timed_batches(loader)):
                 loss, logits, labels = forward(wrapped, batch, env.device)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
@@ -290,13 +300,17 @@ def _train(spec: CellSpec, env: DistEnv, distributed: TorchDistributed, launch_t
                              cfg.epochs, i + 1, steps_per_epoch, loss.item(),
                              scheduler.get_last_lr()[0], rate * (total_steps - step_done))
             # train metrics = mean over batches of the global batch mean (as Determined reports)
-            loss_total, acc_total = all_reduce_sum([loss_sum.item(), acc_sum.item()], env)
+            loss_sum, acc_sum = loss_sum.item(), acc_sum.item()  # waits for the device, not the network
+            with record.communicating() if env.world_size > 1 else nullcontext():
+                loss_total, acc_total = all_reduce_sum([loss_sum, acc_sum], env)
+            record.add("communication", distributed.comm_timer.take())
         with record.phase("eval"):
             e_loss, e_correct, e_count, _, _ = evaluate(wrapped, held_out, env.device)
             e_loss, e_correct, e_count = all_reduce_sum([e_loss, e_correct, e_count], env)
         denom = steps_per_epoch * env.world_size
         m = record.end_epoch(train_loss=loss_total / denom, train_accuracy=acc_total / denom,
-                             eval_loss=e_loss / e_count, eval_accuracy=e_correct / e_count)
+                             eval_loss=e_loss / e_count, eval_accuracy=e_correct / e_count,
+                             learning_rate=scheduler.get_last_lr()[0])
         if env.is_main:
             log.info("epoch %d: train loss %.4f acc %.3f | eval loss %.4f acc %.3f | %.1f samples/s",
                      m.epoch, m.train_loss, m.train_accuracy, m.eval_loss, m.eval_accuracy,
@@ -322,8 +336,9 @@ def _train(spec: CellSpec, env: DistEnv, distributed: TorchDistributed, launch_t
         return
     test, test_seconds = final_test(model, test_set, spec, env.device)
     log.info("test: accuracy %.3f macro-F1 %.3f loss %.4f", test.accuracy, test.f1, test.loss)
+    model_path, export_seconds = timed_export(model, spec.cell)
     write_worker_result(worker_result(
         spec, env, record, launch_time=launch_time, model_source=model_source, test=test,
         test_seconds=test_seconds, train_samples=len(train_set), test_samples=len(test_set),
-        checkpoint_path=checkpoint_path, model_path=export_model(model, spec.cell), devices=devices,
-        placements=placements), spec)
+        checkpoint_path=checkpoint_path, model_path=model_path, devices=devices,
+        placements=placements, export_seconds=export_seconds), spec)

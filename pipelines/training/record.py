@@ -8,6 +8,9 @@ One definition of every timed phase, used by the shared torch loop and by the De
 - ``eval``: the held-out evaluation after each epoch (sharded over the ranks, all-reduced);
 - ``checkpoint``: gathering the RNG states and writing the checkpoint (rank 0 writes);
 - ``startup``: the adapter's launch time -> the first training step of this attempt;
+- inside ``train``, two parts measured as they happen (``add`` / ``timed_batches``): ``data``
+  (waiting for the next batch) and ``communication`` (gradient all-reduce in flight, from a
+  DDP comm-hook timer, plus the epoch metrics' all-reduce); ``compute`` is the rest;
 - ``elapsed``: wall time from the first training step to the end of the newest epoch,
   summed over attempts (a resumed cell continues from the elapsed time of its checkpoint).
 
@@ -22,19 +25,21 @@ One definition of every timed phase, used by the shared torch loop and by the De
         save({..., "record": record.state()})
 
 ``state()`` / ``TrainingRecord.from_state`` carry everything across a restart, so a resumed cell
-reports the phases of all its attempts. The clocks are injectable for tests.
+reports the phases of all its attempts (``totals``); ``cell_phases`` gives this attempt's own,
+named as in ``pipelines.training.phases``. The clocks are injectable for tests.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from pipelines.results import EpochMetrics
 
 PHASES = ("train", "eval", "checkpoint")
+TRAIN_PARTS = ("data", "communication")  # measured inside the train phase; compute = the rest
 
 
 class TrainingRecord:
@@ -44,7 +49,8 @@ class TrainingRecord:
         self.samples_per_epoch = samples_per_epoch
         self._clock, self._wall = clock, wall
         self.history = [EpochMetrics.model_validate(h) for h in state.get("history", [])]
-        self.totals = {p: float(state.get("totals", {}).get(p, 0.0)) for p in PHASES}
+        self.totals = {p: float(state.get("totals", {}).get(p, 0.0)) for p in PHASES + TRAIN_PARTS}
+        self._attempt_base = dict(self.totals)  # totals when this attempt began (resume)
         self.resumed_from_epoch = len(self.history)
         self._elapsed_before = float(state.get("elapsed", 0.0))
         self._epoch = dict.fromkeys(PHASES, 0.0)  # phases of the epoch in progress
@@ -77,6 +83,34 @@ class TrainingRecord:
             self._epoch["checkpoint"] = 0.0
         return seconds
 
+    def add(self, part: str, seconds: float) -> None:
+        """Add measured seconds to a part of the train phase (``data``, ``communication``)."""
+        if part not in TRAIN_PARTS:
+            raise ValueError(f"unknown train-phase part {part!r} (parts: {', '.join(TRAIN_PARTS)})")
+        self.totals[part] += seconds
+
+    def timed_batches(self, batches: Iterable) -> Iterator:
+        """Yield from ``batches``, adding the time spent waiting for each to ``data``."""
+        iterator = iter(batches)
+        while True:
+            start = self._clock()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                self.totals["data"] += self._clock() - start
+                return
+            self.totals["data"] += self._clock() - start
+            yield batch
+
+    @contextmanager
+    def communicating(self) -> Iterator[None]:
+        """Time a blocking collective of the train phase (e.g. the epoch metrics' all-reduce)."""
+        start = self._clock()
+        try:
+            yield
+        finally:
+            self.totals["communication"] += self._clock() - start
+
     @contextmanager
     def phase(self, phase: str) -> Iterator[None]:
         self.begin(phase)
@@ -95,12 +129,12 @@ class TrainingRecord:
         return self._elapsed_before + self._wall() - started
 
     def end_epoch(self, *, train_loss: float, train_accuracy: float, eval_loss: float,
-                  eval_accuracy: float) -> EpochMetrics:
+                  eval_accuracy: float, learning_rate: float | None = None) -> EpochMetrics:
         """Close the epoch whose train and eval phases just ended; returns its record."""
         epoch = self._epoch
         metrics = EpochMetrics(
             epoch=self.epochs_done + 1, train_loss=train_loss, train_accuracy=train_accuracy,
-            eval_loss=eval_loss, eval_accuracy=eval_accuracy,
+            eval_loss=eval_loss, eval_accuracy=eval_accuracy, learning_rate=learning_rate,
             train_seconds=epoch["train"], eval_seconds=epoch["eval"], checkpoint_seconds=0.0,
             epoch_seconds=epoch["train"] + epoch["eval"],
             elapsed_seconds=self.elapsed(),
@@ -130,4 +164,20 @@ class TrainingRecord:
             "evaluation_seconds": self.totals["eval"] + final_test_seconds,
             "checkpoint_seconds": self.totals["checkpoint"],
             "samples_per_second": self.history[-1].samples_per_second if self.history else 0.0,
+        }
+
+    def cell_phases(self, launch_time: float, *, final_test_seconds: float = 0.0,
+                    export_seconds: float = 0.0) -> dict[str, float]:
+        """This attempt's phases up to its result (``pipelines.training.phases``; the adapter
+        adds ``teardown`` and earlier attempts): launch, data, compute, communication,
+        checkpoint (+ the model export) and evaluation (+ the final test)."""
+        own = {p: self.totals[p] - self._attempt_base[p] for p in self.totals}
+        first = self.first_step if self.first_step is not None else self._wall()
+        return {
+            "launch": first - launch_time,
+            "data": own["data"],
+            "compute": max(0.0, own["train"] - own["data"] - own["communication"]),
+            "communication": own["communication"],
+            "checkpoint": own["checkpoint"] + export_seconds,
+            "evaluation": own["eval"] + final_test_seconds,
         }

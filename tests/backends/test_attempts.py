@@ -15,6 +15,7 @@ import pytest
 from pipelines.config import save_config
 from pipelines.paths import PROJECT_ROOT
 from pipelines.results import CellResult
+from pipelines.training import phases
 from tests import fault_injection
 
 pytestmark = pytest.mark.slow
@@ -83,3 +84,6 @@ def test_a_killed_and_retried_cell_reports_both_attempts(cli_run, run_paths):
     assert second.recovery_seconds >= second.start - killed_at  # from the failure to training again
     assert result.total_seconds == pytest.approx(sum(a.end - a.start for a in result.attempts))
     assert result.recovery_seconds == second.recovery_seconds and result.resumed_from_epoch == 1
+    # the killed attempt's wall time is a phase of its own; the rest are the second attempt's
+    assert result.phases[phases.RETRIES] == pytest.approx(first.end - first.start)
+    assert abs(phases.unattributed(result.phases, result.total_seconds)) <= 0.02 * result.total_seconds

@@ -17,6 +17,7 @@ from pipelines.paths import CellPaths
 from pipelines.results import CellResult
 from pipelines.config import Backend
 from pipelines.paths import PROJECT_ROOT
+from pipelines.training import phases
 from tests import fault_injection
 
 CELLS = [(b, w) for b in ("ddp", "spark", "determined") for w in (1, 2)]
@@ -39,6 +40,14 @@ def test_backend_returns_a_complete_result(trained, run_paths, bench_config, bac
     assert {"torch", "transformers"} <= set(result.versions)
     # how the platform ran, so a local mode is never read as a cluster's overhead
     assert result.platform_mode == {"ddp": "torchrun", "spark": "local", "determined": "local"}[backend]
+    # where the time goes: one definition for every backend, adding up to the wall time
+    assert tuple(result.phases) == phases.PHASES and min(result.phases.values()) >= 0
+    assert result.phases["launch"] == pytest.approx(result.startup_seconds)
+    assert abs(phases.unattributed(result.phases, result.total_seconds)) <= 0.02 * result.total_seconds
+    train_parts = sum(result.phases[p] for p in ("data", "compute", "communication"))
+    assert train_parts == pytest.approx(result.training_seconds, rel=1e-6)
+    assert result.phases["data"] > 0 and result.phases["compute"] > 0
+    assert (result.phases["communication"] > 0) == (workers > 1)  # the gradient all-reduce, timed
     on_disk = CellResult.read(run_paths.cell(backend, workers, 0).result)
     assert on_disk == result
 
@@ -96,6 +105,12 @@ def test_ddp_killed_after_epoch_1_resumes_at_epoch_2_with_same_result(trained, b
     assert resumed.epochs[0].train_loss == reference.epochs[0].train_loss
     assert resumed.epochs[1].train_loss == pytest.approx(reference.epochs[1].train_loss, abs=1e-6)
     assert resumed.test.loss == pytest.approx(reference.test.loss, abs=1e-6)
+    # the phases cover this attempt only (the killed run was started outside the adapter): its
+    # training phase is epoch 2's, and they still add up to the cell's wall time
+    assert phases.RETRIES not in resumed.phases and len(resumed.attempts) == 1
+    train_parts = sum(resumed.phases[p] for p in ("data", "compute", "communication"))
+    assert train_parts == pytest.approx(resumed.epochs[1].train_seconds, rel=1e-6)
+    assert abs(phases.unattributed(resumed.phases, resumed.total_seconds)) <= 0.02 * resumed.total_seconds
 
 
 def test_failed_cell_leaves_a_failed_result(bench_config, run_paths, tmp_path):
@@ -125,3 +140,24 @@ def test_a_truncated_checkpoint_is_moved_aside_and_training_resumes_from_the_pre
     assert result.epochs[1].train_loss == pytest.approx(reference.epochs[1].train_loss, abs=1e-6)
     assert list(cell.checkpoints.glob("epoch-0002.pt.corrupt-*"))
     assert "moved aside" in cell.log.read_text()
+
+
+@pytest.mark.parametrize("backend", ["ddp", "determined"])
+def test_every_cell_writes_tensorboard_events(trained, run_paths, backend):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    result = trained(backend, 2)
+    events = EventAccumulator(str(run_paths.cell(backend, 2, 0).tensorboard))
+    events.Reload()  # tensorboard's own reader
+    tags = set(events.Tags()["scalars"])
+    assert {"train/loss", "train/accuracy", "eval/loss", "eval/accuracy", "train/learning_rate",
+            "throughput/samples_per_second", "test/accuracy", "phases/communication_seconds"} <= tags
+
+    def series(tag):
+        return [(s.step, s.value) for s in events.Scalars(tag)]
+
+    assert series("train/loss") == [(e.epoch, pytest.approx(e.train_loss, rel=1e-6)) for e in result.epochs]
+    assert series("train/learning_rate") == [(e.epoch, pytest.approx(e.learning_rate, rel=1e-6))
+                                             for e in result.epochs]
+    assert result.epochs[-1].learning_rate < result.epochs[0].learning_rate  # linear decay after warm-up
+    assert series("phases/launch_seconds") == [(2, pytest.approx(result.phases["launch"], rel=1e-6))]
