@@ -76,6 +76,9 @@ class BenchmarkConfig(BaseModel):
     allow_small_data: bool = False  # fewer rows than requested / classes below the minimum pass
     validation_fraction: float = Field(0.1, gt=0, lt=0.5)  # of train, held out (stratified, seeded)
     max_seq_len: int = Field(128, ge=8, le=512)
+    # which end of a longer review is cut: "right" (the library's default, the study's) or
+    # "left" (keeps the review's conclusion: a random-init model learns sentiment from it sooner)
+    truncation_side: Literal["right", "left"] = "right"
     tokenizer_source: str = DEFAULT_MODEL  # hub id or local folder with tokenizer files
 
     # --- model & training ------------------------------------------------------------------
@@ -195,11 +198,14 @@ class BenchmarkConfig(BaseModel):
 # within a few epochs (measured: 2k reviews, 4 epochs, lr 1e-3 -> 0.76 test accuracy; at 2e-4
 # it stays at 0.50 after 3 epochs of 4k). `paper` keeps a fine-tuning rate for pretrained weights.
 PROFILES: dict[str, dict[str, Any]] = {
-    # Minutes on 2 CPU cores: the README's main command and CI use it.
+    # Minutes on 2 CPU cores: the README's main command and CI use it. Sized to visibly learn
+    # from random init (measured, 4 seeds: test accuracy 0.69-0.72 with 1,080 training reviews x
+    # 3 epochs, their last 48 tokens, batch 16, lr 1e-3; 400-800 reviews or 2 epochs stay at 0.50
+    # for some seeds). A global batch gives 2 workers the same steps as 1.
     "smoke": dict(
-        train_samples=400, test_samples=200, max_seq_len=64, epochs=2, batch_size=16,
-        learning_rate=1e-3, worker_counts=[1, 2], repeats=1, target_accuracy=0.55,
-        min_class_fraction=0.35,
+        train_samples=1200, test_samples=400, max_seq_len=48, truncation_side="left", epochs=3,
+        batch_size=16, batch_policy="global", learning_rate=1e-3, worker_counts=[1, 2], repeats=1,
+        target_accuracy=0.65, min_class_fraction=0.35,
     ),
     # Every night: big enough for stable medians, small enough for a CPU box.
     "nightly": dict(

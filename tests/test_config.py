@@ -12,7 +12,7 @@ def test_profiles_exist_and_resolve():
     assert paper.epochs == 20 and paper.train_samples is None and paper.test_samples is None
     assert load_config("nightly").repeats >= 3
     smoke = load_config("smoke")
-    assert smoke.train_samples <= 1000 and smoke.max_seq_len <= 128
+    assert smoke.train_samples <= 2000 and smoke.max_seq_len <= 128
 
 
 def test_overrides_layer_on_the_profile_and_none_keeps_it():
@@ -73,7 +73,8 @@ def test_training_identity_ignores_where_a_cell_runs():
 
 
 def test_each_cell_gets_its_seed_batch_and_learning_rate(make_config):
-    per_worker = make_config(seed=42, batch_size=16, learning_rate=1e-3, lr_scaling="linear")
+    per_worker = make_config(seed=42, batch_size=16, batch_policy="per_worker", learning_rate=1e-3,
+                             lr_scaling="linear")
     cell = per_worker.for_cell(world_size=2, repeat=3)
     assert cell.seed == 45 and cell.batch_size == 16  # global batch 32
     assert cell.learning_rate == pytest.approx(2e-3)  # linear: x (32 / 16)
@@ -90,4 +91,5 @@ def test_fingerprint_follows_the_work_not_the_placement(make_config):
     assert base.fingerprint() == make_config(output_root="/elsewhere", spark_master="spark://h:7077",
                                              regression_time_threshold=0.5).fingerprint()
     assert base.fingerprint() != make_config(learning_rate=5e-4).fingerprint()
-    assert base.fingerprint() != make_config(batch_policy="global").fingerprint()
+    assert base.fingerprint() != make_config(batch_policy="per_worker" if base.batch_policy == "global"
+                                             else "global").fingerprint()

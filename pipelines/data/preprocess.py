@@ -58,14 +58,14 @@ def check_tokenizer(source: str) -> None:
         ) from err
 
 
-def _tokenizer_fn(tokenizer_source: str, max_seq_len: int):
+def _tokenizer_fn(tokenizer_source: str, max_seq_len: int, truncation_side: str = "right"):
     """The function mapInPandas runs on each partition's Arrow batches (in the workers)."""
 
     def tokenize_batches(batches):
         from pipelines.data.tokens import tokenize_frame  # imported in the worker process
 
         for frame in batches:
-            out = tokenize_frame(frame, tokenizer_source, max_seq_len)
+            out = tokenize_frame(frame, tokenizer_source, max_seq_len, truncation_side)
             out["row_id"] = frame["row_id"].to_numpy()  # carried so each shard can be sorted
             yield out
 
@@ -85,7 +85,8 @@ def tokenize_split(
     tokens = (
         frame.repartitionByRange(num_shards, "row_id")  # shard k holds a contiguous row range
         .sortWithinPartitions("row_id")
-        .mapInPandas(_tokenizer_fn(config.tokenizer_source, config.max_seq_len), TOKEN_SCHEMA)
+        .mapInPandas(_tokenizer_fn(config.tokenizer_source, config.max_seq_len, config.truncation_side),
+                     TOKEN_SCHEMA)
         .drop("row_id")
     )
     tokens.write.mode("error").parquet(out_dir.resolve().as_uri())
@@ -111,6 +112,7 @@ def preprocess(config: BenchmarkConfig, paths: RunPaths) -> dict:
         shutil.rmtree(stale, ignore_errors=True)
     tmp = paths.root / f".tokens.tmp-{uuid.uuid4().hex[:8]}"
     stats: dict = {"rows": {}, "num_shards": {}, "max_seq_len": config.max_seq_len,
+                   "truncation_side": config.truncation_side,
                    "tokenizer_source": config.tokenizer_source}
     try:
         spark_started = time.perf_counter()

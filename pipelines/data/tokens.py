@@ -31,9 +31,17 @@ def load_tokenizer(source: str):
         ) from err
 
 
-def tokenize_frame(frame: pd.DataFrame, tokenizer_source: str, max_seq_len: int) -> pd.DataFrame:
-    """``text``/``label`` rows -> fixed-length ``input_ids``/``attention_mask``/``label`` rows."""
+def tokenize_frame(frame: pd.DataFrame, tokenizer_source: str, max_seq_len: int,
+                   truncation_side: str = "right") -> pd.DataFrame:
+    """``text``/``label`` rows -> fixed-length ``input_ids``/``attention_mask``/``label`` rows.
+
+    A review longer than ``max_seq_len`` tokens loses its end (``right``, the library's default)
+    or its beginning (``left``: the review's conclusion is kept; [CLS] stays first either way).
+    """
+    if truncation_side not in ("right", "left"):
+        raise ValueError(f"truncation_side must be 'right' or 'left', got {truncation_side!r}")
     tokenizer = load_tokenizer(tokenizer_source)
+    tokenizer.truncation_side = truncation_side  # the cached tokenizer is shared: set on every call
     enc = tokenizer(
         frame["text"].tolist(),
         truncation=True,

@@ -25,8 +25,8 @@ def bench_config(run_paths, imdb_dir, bert_tiny_dir):
     return load_config("smoke", dict(
         dataset_source=str(imdb_dir), tokenizer_source=str(bert_tiny_dir),
         model_source=str(bert_tiny_dir), output_root=str(run_paths.root.parent),
-        max_seq_len=SEQ_LEN, epochs=2, batch_size=16, learning_rate=5e-4, seed=42,
-        spark_master="local[2]",
+        max_seq_len=SEQ_LEN, epochs=2, batch_size=16, batch_policy="per_worker", learning_rate=5e-4,
+        seed=42, spark_master="local[2]",
     ))
 
 

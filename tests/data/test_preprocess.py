@@ -60,7 +60,7 @@ def test_shards_hold_the_snapshot_tokenized_in_order(staged):
 
         ids, mask, labels = read_token_split(paths.token_split(split))
         snapshot = pd.read_parquet(paths.snapshot / f"{split}.parquet")
-        expected = tokenize_frame(snapshot, config.tokenizer_source, SEQ_LEN)
+        expected = tokenize_frame(snapshot, config.tokenizer_source, SEQ_LEN, config.truncation_side)
         np.testing.assert_array_equal(ids, np.stack(expected["input_ids"].to_numpy()))
         np.testing.assert_array_equal(mask, np.stack(expected["attention_mask"].to_numpy()))
         np.testing.assert_array_equal(labels, snapshot["label"].to_numpy())
@@ -141,3 +141,17 @@ def test_failure_in_the_second_split_leaves_no_partial_output(staged, tmp_path):
         preprocess(config, paths)
     assert not (paths.tokens / "preprocess.json").exists()  # not replaced by a half run
     assert not list(paths.root.glob(".tokens.tmp-*"))
+
+
+@pytest.mark.parametrize("side, kept", [("right", ["one", "two", "three"]), ("left", ["five", "six", "great"])])
+def test_truncation_side_keeps_the_chosen_end_of_a_long_review(bert_tiny_dir, side, kept):
+    frame = pd.DataFrame({"text": ["one two three four five six great"], "label": [1]})
+    ids = tokenize_frame(frame, str(bert_tiny_dir), 5, side).at[0, "input_ids"]
+    tokens = load_tokenizer(str(bert_tiny_dir)).convert_ids_to_tokens(ids.tolist())
+    assert tokens == ["[CLS]", *kept, "[SEP]"]  # the special tokens stay in place either way
+
+
+def test_unknown_truncation_side_is_refused(bert_tiny_dir):
+    frame = pd.DataFrame({"text": ["a review"], "label": [1]})
+    with pytest.raises(ValueError, match="truncation_side must be 'right' or 'left', got 'middle'"):
+        tokenize_frame(frame, str(bert_tiny_dir), 8, "middle")
