@@ -179,7 +179,7 @@ def test_params_become_config_overrides():
     sys.path.insert(0, str(DAGS_DIR))
     from imdb_benchmark import overrides_from_params
 
-    from pipelines.config import load_config
+    from pipelines.config import PROFILES, load_config
 
     env = {"BENCHMARK_OUTPUT_ROOT": "/srv/runs", "BENCHMARK_DATASET_SOURCE": "/srv/imdb"}
     params = {"profile": "smoke", "backends": [], "worker_counts": [1], "epochs": None,
@@ -188,7 +188,7 @@ def test_params_become_config_overrides():
     assert overrides == {"output_root": "/srv/runs", "dataset_source": "/srv/imdb", "worker_counts": [1],
                          "batch_size": 8, "seed": 3}
     config = load_config("smoke", overrides)
-    assert config.epochs == 2 and config.batch_size == 8 and config.backends  # profile + params
+    assert config.epochs == PROFILES["smoke"]["epochs"] and config.batch_size == 8 and config.backends  # profile + params
     # where a run reads, writes and reports is the deployment's: a trigger cannot move it
     for hostile in ({"overrides": {"mlflow_tracking_uri": "http://evil.example"}},
                     {"overrides": {"output_root": "/"}}, {"dataset_source": "/etc"},
