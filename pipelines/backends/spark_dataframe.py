@@ -83,17 +83,18 @@ def partition_keys(spark, world_size: int) -> list[int]:
     Spark's hash partitioning places a row in partition pmod(hash(key), N) (HashPartitioning is
     the SQL ``hash``, murmur3 with seed 42), and TorchDistributor makes partition r rank r.
     Partitioning by the rank itself would collide: hash(0) and hash(1) both fall in partition 1
-    of 2, which would leave a task without rows. So the keys are found with Spark's own hash.
+    of 2, which would leave a task without rows. So the keys are found with Spark's own hash, on
+    the driver (an inline table folds to a local scan: no job on the executors).
     """
-    from pyspark.sql import functions as F
-
-    candidates = spark.range(0, 64 * world_size).select(
-        "id", F.expr(f"pmod(hash(id), {world_size})").alias("partition"))
-    found = {row["partition"]: row["key"] for row in
-             candidates.groupBy("partition").agg(F.min("id").alias("key")).collect()}
+    candidates = 64 * world_size
+    values = ", ".join(f"({i}L)" for i in range(candidates))
+    found: dict[int, int] = {}
+    for row in spark.sql(f"SELECT id, pmod(hash(id), {world_size}) AS target "
+                         f"FROM VALUES {values} AS candidates(id)").collect():
+        found.setdefault(row["target"], row["id"])
     missing = [r for r in range(world_size) if r not in found]
     if missing:
-        raise RuntimeError(f"no partition key among {64 * world_size} candidates hashes to partition(s) "
+        raise RuntimeError(f"no partition key among {candidates} candidates hashes to partition(s) "
                            f"{missing} of {world_size}")
     return [int(found[r]) for r in range(world_size)]
 
