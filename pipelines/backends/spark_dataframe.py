@@ -37,13 +37,11 @@ from typing import ClassVar
 from pipelines.backends.spark import SparkBackend
 from pipelines.cell import CellSpec
 from pipelines.config import Backend, BenchmarkConfig, ConfigError, is_local_spark_master
+from pipelines.data.tokens import FEED_COLUMNS
 from pipelines.fileio import atomic_write_json
 from pipelines.paths import CellPaths, RunPaths
 
 log = logging.getLogger(__name__)
-# The DataFrame's columns, in the order pyspark's partition loader yields them in the ranks; every
-# type is one that loader converts (it has no array<tinyint>: the int8 mask is sent as array<int>).
-FEED_COLUMNS = ("row_id", "rank", "position", "input_ids", "attention_mask", "label")
 FEED_RECORD = "data_feed.json"
 
 
@@ -117,6 +115,8 @@ def training_frame(spark, paths: RunPaths, world_size: int, seed: int):
     keys = partition_keys(spark, world_size)
     plan["partition_key"] = plan["rank"].map(dict(enumerate(keys))).astype("int64")
 
+    # every column type is one pyspark's partition loader converts (no array<tinyint>: the int8
+    # mask travels as array<int>); the ranks get the columns in FEED_COLUMNS order
     first_row = F.create_map(*chain.from_iterable((F.lit(name), F.lit(n)) for name, n in offsets.items()))
     tokens = spark.read.parquet(*map(str, files)).select(
         (first_row[F.col("_metadata.file_name")] + F.col("_metadata.row_index")).alias("row_id"),

@@ -18,8 +18,8 @@ import time
 import torch
 from torch.utils.data import DataLoader, Sampler, TensorDataset
 
-from pipelines.backends.spark_dataframe import FEED_COLUMNS
 from pipelines.cell import CellSpec
+from pipelines.data.tokens import FEED_COLUMNS
 from pipelines.training.distributed import DistEnv, TorchDistributed
 
 log = logging.getLogger("pipelines.training")
