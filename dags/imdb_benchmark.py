@@ -129,7 +129,8 @@ PARAMS = {
     "backends": Param(None, type=["array", "null"], title="Backends", minItems=1, uniqueItems=True,
                       items={"type": "string", "enum": BACKENDS}, examples=BACKENDS,  # examples: multi-select
                       section="Training matrix",
-                      description="Platforms to compare; empty = all."),
+                      description="Platforms to compare; empty = the profile's (all; smoke leaves out "
+                                  "spark_dataframe, which needs a Spark cluster)."),
     "worker_counts": Param(None, type=["array", "null"], title="Worker counts", minItems=1,
                            items={"type": "integer", "minimum": 1, "maximum": MAX_WORKERS},
                            section="Training matrix",

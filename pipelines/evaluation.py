@@ -111,7 +111,7 @@ def cell_row(name: str, result: CellResult, target: float) -> CellRow:
     return CellRow(
         cell=name, backend=result.backend, workers=result.world_size, repeat=result.repeat,
         status=result.status, error=result.error, device=result.device, host=result.host,
-        platform_mode=result.platform_mode, model_source=result.model_source, total_seconds=result.total_seconds,
+        platform_mode=result.platform_mode, data_feed=result.data_feed, model_source=result.model_source, total_seconds=result.total_seconds,
         training_seconds=result.training_seconds, startup_seconds=result.startup_seconds,
         evaluation_seconds=result.evaluation_seconds, checkpoint_seconds=result.checkpoint_seconds,
         samples_per_second=result.samples_per_second, peak_memory_mb=result.peak_memory_mb,
@@ -151,6 +151,7 @@ def _aggregate(config: BenchmarkConfig, rows: list[CellRow]) -> list[Aggregate]:
                 key=f"{backend}-w{workers}", backend=backend, workers=workers,
                 repeats=config.repeats, repeats_ok=len(ok), repeats_failed=len(mine) - len(ok),
                 platform_mode="/".join(sorted({r.platform_mode for r in mine if r.platform_mode})) or None,
+                data_feed="/".join(sorted({r.data_feed for r in mine if r.data_feed})) or None,
                 total_seconds=total, training_seconds=_stats(col("training_seconds")),
                 startup_seconds=_stats(col("startup_seconds")),
                 samples_per_second=_stats(col("samples_per_second")),

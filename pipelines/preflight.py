@@ -3,10 +3,11 @@
     problems = preflight.problems(config, workers=[2])   # [] when the run can start
     preflight.check(config)                               # ConfigError listing every problem
 
-Checks: worker counts, that the tokenizer and the model's config load from their sources, that
-the output root is writable, and that its disk has room for an estimate of what the run writes
-(snapshot, token shards, two checkpoints and a model per cell). Called by the CLI before the
-data stage and by the DAG's prepare_run before the run folder exists.
+Checks: worker counts, a Spark master with executors for the dataframe feed, that the tokenizer
+and the model's config load from their sources, that the output root is writable, and that its
+disk has room for an estimate of what the run writes (snapshot, token shards, two checkpoints
+and a model per cell). Called by the CLI before the data stage and by the DAG's prepare_run
+before the run folder exists.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from pipelines.config import BenchmarkConfig, ConfigError
+from pipelines.config import Backend, BenchmarkConfig, ConfigError
 
 CHECKPOINT_MB = 55.0  # BERT-tiny weights + AdamW state, as written (measured: ~52 MB)
 MODEL_MB = 18.0  # the exported Hugging Face model per cell
@@ -36,6 +37,12 @@ def problems(config: BenchmarkConfig, workers: list[int] | None = None) -> list[
     for n in workers or []:
         if n < 1:
             out.append(f"workers: {n} is not a worker count (>= 1)")
+    if Backend.SPARK_DATAFRAME in config.backends:
+        from pipelines.backends.spark_dataframe import local_master_refusal
+
+        refusal = local_master_refusal(config.spark_master)
+        if refusal:
+            out.append(refusal)
     try:
         from pipelines.data.tokens import load_tokenizer
 

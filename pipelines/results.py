@@ -128,6 +128,9 @@ class CellResult(BaseModel):
     # spark "local" (torchrun on the driver) / "cluster" (barrier tasks on executors);
     # determined "local" (Trainer in-process) / "master" (experiment on a Determined master)
     platform_mode: str | None = None
+    # how the training rows reached the ranks (TrainingBackend.data_feed): "files" (each rank reads
+    # the token shards) or "dataframe" (spark_dataframe: the DataFrame's partitions, through Spark)
+    data_feed: str | None = None
     versions: dict[str, str] = Field(default_factory=dict)  # torch, transformers, backend lib
     host: str | None = None
 

@@ -48,6 +48,7 @@ class CellRow(BaseModel):
     device: str | None = None
     host: str | None = None
     platform_mode: str | None = None  # CellResult.platform_mode
+    data_feed: str | None = None  # CellResult.data_feed: "files" / "dataframe"
     model_source: str | None = None
     total_seconds: float | None = None
     training_seconds: float | None = None
@@ -81,6 +82,7 @@ class Aggregate(BaseModel):
     repeats_ok: int
     repeats_failed: int
     platform_mode: str | None = None  # the cells' (joined with "/" if they differ)
+    data_feed: str | None = None  # the cells' CellResult.data_feed (joined with "/" if they differ)
     total_seconds: Stats
     training_seconds: Stats
     startup_seconds: Stats

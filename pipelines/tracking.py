@@ -304,6 +304,8 @@ def log_cell_result(client, run_id: str, cell: CellPaths) -> CellResult | None:
         tags["host"] = result.host
     if result.platform_mode:
         tags["platform_mode"] = result.platform_mode
+    if result.data_feed:
+        tags["data_feed"] = result.data_feed
     if result.error:
         tags["error"] = result.error[:5000]
     for i in range(0, len(metrics), 1000):  # MLflow's per-batch limit

@@ -15,8 +15,8 @@ from pipelines.paths import RunPaths
 from pipelines.results import CellResult, EpochMetrics
 from pipelines.results import TestMetrics as HeldOutMetrics
 
-STARTUP = {"ddp": 6.5, "spark": 14.0, "determined": 7.5}  # launcher + imports, seconds
-TRAIN_1W = {"ddp": 14.0, "spark": 14.5, "determined": 15.0}  # training loop, 1 worker
+STARTUP = {"ddp": 6.5, "spark": 14.0, "determined": 7.5, "spark_dataframe": 20.0}  # launcher + imports, s
+TRAIN_1W = {"ddp": 14.0, "spark": 14.5, "determined": 15.0, "spark_dataframe": 14.5}  # training loop, 1 worker
 
 
 def make_result(backend: str, workers: int, repeat: int = 0, *, slow: float = 1.0,

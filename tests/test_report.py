@@ -148,3 +148,21 @@ def test_report_shows_where_the_time_goes(make_config):
     assert summary_metrics(summary)["spark-w2/phase_launch_seconds_median"] == pytest.approx(agg.phases["launch"])
     plot = Path(paths.plot("phases"))
     assert plot.read_bytes()[:8] == PNG_SIGNATURE and matplotlib.image.imread(plot).std() > 0.01
+
+
+def test_report_shows_each_spark_data_feed_beside_its_mode(make_config):
+    from pipelines.results import CellResult
+
+    config = make_config(backends=["ddp", "spark", "spark_dataframe"], worker_counts=[2], repeats=1,
+                         spark_master="embedded")
+    paths, results = write_synthetic_run(config)
+    for backend, feed in (("ddp", "files"), ("spark", "files"), ("spark_dataframe", "dataframe")):
+        cell = paths.cell(backend, 2, 0)
+        mode = "torchrun" if backend == "ddp" else "cluster"
+        CellResult.read(cell.result).model_copy(update={"platform_mode": mode, "data_feed": feed}).write(cell.result)
+    evaluate_run(config, paths)
+    md = Path(build_report(config, paths)["markdown"]).read_text()
+    modes = {r["backend"]: r["mode"] for r in parse_table(md)}
+    assert modes == {"ddp": "torchrun, files feed", "spark": "cluster, files feed",
+                     "spark_dataframe": "cluster, dataframe feed"}
+    assert "their difference is what feeding the data through Spark costs" in md

@@ -42,6 +42,9 @@ class TrainingBackend(ABC):
     """``run(config, world_size, paths=..., cell=...) -> CellResult``."""
 
     name: ClassVar[Backend]
+    # how the training rows reach the ranks, recorded as CellResult.data_feed: "files" = every rank
+    # reads the token shards through the shared loop; "dataframe" = through Spark (spark_dataframe)
+    data_feed: ClassVar[str] = "files"
 
     def spec(self, config: BenchmarkConfig, world_size: int, paths: RunPaths, cell: CellPaths,
              repeat: int) -> CellSpec:
@@ -78,7 +81,8 @@ class TrainingBackend(ABC):
             "backend": self.name, "repeat": repeat, "attempts": history, **attempts.totals(history),
             "phases": cell_phases(result, history),
             "timed_window": TimedWindow(start=launch_time, end=history[-1].end, lock_wait_seconds=waited),
-            "versions": {**result.versions, **self.versions()}, **self.platform_fields(spec),
+            "versions": {**result.versions, **self.versions()}, "data_feed": self.data_feed,
+            **self.platform_fields(spec),
         })
         result.write(cell.result)
         tensorboard.write_events(result, cell)  # after the timed window: costs no cell any time

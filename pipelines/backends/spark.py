@@ -100,9 +100,13 @@ class SparkBackend(TrainingBackend):
             if not settings["local_mode"]:
                 check_task_slots(spec.world_size, task_slots(spark, spec.world_size), master)
             log.info("TorchDistributor(%s) on %s", settings, master)
-            TorchDistributor(**settings).run(train_worker, str(spec.cell_dir), launch_time)
+            self.train(spark, TorchDistributor(**settings), spec, launch_time)
         finally:
             stop_spark()
+
+    def train(self, spark, distributor, spec: CellSpec, launch_time: float) -> None:
+        """The files feed: every rank reads the token shards itself (the shared loop's loader)."""
+        distributor.run(train_worker, str(spec.cell_dir), launch_time)
 
     def platform_fields(self, spec: CellSpec) -> dict:
         local = distributor_settings(spec.config, spec.world_size, cuda=False)["local_mode"]
