@@ -63,7 +63,7 @@ def test_dag_file_parses_fast_without_heavy_imports():
         f"bag = DagBag(dag_folder={str(DAG_FILE)!r})\n"
         "elapsed = time.perf_counter() - t\n"
         "heavy = sorted(m for m in ('torch', 'pyspark', 'transformers', 'great_expectations', 'mlflow',\n"
-        "               'determined', 'pandas', 'pipelines.stages') if m in sys.modules)\n"
+        "               'determined', 'ray', 'pandas', 'pipelines.stages') if m in sys.modules)\n"
         "print(elapsed, bag.import_errors == {}, ','.join(heavy))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, text=True,
@@ -192,7 +192,8 @@ def test_params_become_config_overrides():
     # where a run reads, writes and reports is the deployment's: a trigger cannot move it
     for hostile in ({"overrides": {"mlflow_tracking_uri": "http://evil.example"}},
                     {"overrides": {"output_root": "/"}}, {"dataset_source": "/etc"},
-                    {"overrides": {"spark_master": "spark://evil:7077", "determined_master": "x"}}):
+                    {"overrides": {"spark_master": "spark://evil:7077", "determined_master": "x"}},
+                    {"overrides": {"ray_address": "ray://evil:10001"}}):
         with pytest.raises(ValueError, match="set by the deployment"):
             overrides_from_params({**params, **hostile}, env)
 

@@ -113,3 +113,52 @@ def test_cluster_options_and_worker_environment():
     env = worker_env_vars({"PYTHONPATH": "/elsewhere", "PIPELINES_EPOCH_END_HOOK": "m:f", "SECRET": "x"})
     assert env["PYTHONPATH"].split(os.pathsep) == [str(PROJECT_ROOT), "/elsewhere"]
     assert env["PIPELINES_EPOCH_END_HOOK"] == "m:f" and "SECRET" not in env
+
+
+def test_ray_cell_killed_after_epoch_1_resumes_from_rays_checkpoint(ray_cells, trained, bench_config,
+                                                                   run_paths, tmp_path):
+    """Kill the driver's whole process tree (Ray cluster included) after epoch 1's checkpoint
+    was reported to Ray, drop the loop's own checkpoint folder, retry: the retry's Ray run
+    restores its latest checkpoint, the loop resumes at epoch 2 and ends where an
+    uninterrupted cell ends."""
+    from pipelines.config import save_config
+
+    reference = ray_cells(1)
+    cell = CellPaths(run_paths.cells / "ray-w1-killed")
+    save_config(bench_config, tmp_path / "config.json")
+    driver = (f"from pathlib import Path\nfrom pipelines.backends.ray import RayBackend\n"
+              f"from pipelines.config import read_config\nfrom pipelines.paths import CellPaths, RunPaths\n"
+              f"RayBackend().run(read_config(Path({str(tmp_path / 'config.json')!r})), 1, "
+              f"paths=RunPaths(Path({str(run_paths.root)!r})), cell=CellPaths(Path({str(cell.root)!r})))\n")
+    before = ray_processes()
+    proc = subprocess.Popen([sys.executable, "-c", driver], env={**os.environ, **fault_injection.env(1, PROJECT_ROOT)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    reported = cell.root / "ray" / cell.name / "epoch-0001" / "epoch-0001.pt.sha256"
+    try:
+        deadline = time.time() + 240
+        while not reported.exists() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.5)
+        assert reported.exists(), "epoch 1's checkpoint never reached Ray's run folder"
+    finally:
+        tree = [proc, *psutil.Process(proc.pid).children(recursive=True)]
+        for p in tree:
+            try:
+                p.send_signal(signal.SIGKILL)
+            except psutil.NoSuchProcess:
+                pass
+        proc.wait()
+    assert_no_new_ray_processes(before)
+    import shutil
+    shutil.rmtree(f"/tmp/ray-{proc.pid}", ignore_errors=True)  # the killed driver's Ray temp folder
+    assert not cell.worker_result.exists()
+    shutil.rmtree(cell.checkpoints)  # only Ray's copy is left
+
+    resumed = RayBackend().run(bench_config, 1, paths=run_paths, cell=cell)
+    assert resumed.resumed_from_epoch == 1
+    assert "restored from Ray's checkpoint" in cell.log.read_text()
+    assert [e.epoch for e in resumed.epochs] == [1, 2]
+    assert resumed.epochs[0].train_loss == reference.epochs[0].train_loss
+    assert resumed.epochs[1].train_loss == pytest.approx(reference.epochs[1].train_loss, abs=1e-6)
+    assert resumed.test.loss == pytest.approx(reference.test.loss, abs=1e-6)
+    assert [a.status for a in resumed.attempts][-1] == "ok" and len(resumed.attempts) == 2
+    assert_no_new_ray_processes(before)
