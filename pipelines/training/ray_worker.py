@@ -95,14 +95,16 @@ class RayTrainDistributed(TorchDistributed):
         if restored is not None and env.is_main:
             folder = self.cell_dir / "checkpoints"
             folder.mkdir(parents=True, exist_ok=True)
+            newest_here = ckpt.latest_checkpoint(folder)
             with restored.as_directory() as directory:
                 for source in sorted(Path(directory).glob(ckpt.PATTERN)):
-                    if not (folder / source.name).exists():
-                        for name in (source.name, source.name + ".sha256"):
-                            if (Path(directory) / name).exists():
-                                shutil.copy2(Path(directory) / name, folder / name)
-                        log.warning("%s was missing from %s: restored from Ray's checkpoint %s",
-                                    source.name, folder, restored.path)
+                    if newest_here is not None and newest_here.name >= source.name:
+                        continue  # the loop's own folder is as new: it resumes from there
+                    for path in (source, source.with_name(source.name + ".sha256")):
+                        if path.exists():
+                            shutil.copy2(path, folder / path.name)
+                    log.warning("%s was missing from %s: restored from Ray's checkpoint %s",
+                                source.name, folder, restored.path)
         if env.world_size > 1:
             dist.barrier()
 
