@@ -26,6 +26,8 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -68,6 +70,23 @@ def local_cluster_options(world_size: int, threads: int, pid: int | None = None)
     }
 
 
+class keep_signal_handlers:
+    """``ray.init`` replaces the driver's SIGTERM handler with one that exits at once; the
+    project's (``pipelines.signals``: take the cell's process tree down, record the signal) is
+    put back after it."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self) -> None:
+        self.main = threading.current_thread() is threading.main_thread()  # handlers live there
+        self.saved = {s: signal.getsignal(s) for s in self.SIGNALS} if self.main else {}
+
+    def restore(self) -> None:
+        for signum, handler in self.saved.items():
+            if handler is not None and signal.getsignal(signum) is not handler:
+                signal.signal(signum, handler)
+
+
 class RayBackend(TrainingBackend):
     name = Backend.RAY
 
@@ -81,6 +100,7 @@ class RayBackend(TrainingBackend):
 
         cfg = spec.config
         runtime_env = {"env_vars": worker_env_vars()}
+        handlers = keep_signal_handlers()
         try:  # a half-started cluster is shut down too
             if cfg.ray_address:
                 log.info("ray: joining the cluster at %s", cfg.ray_address)
@@ -89,6 +109,7 @@ class RayBackend(TrainingBackend):
                 options = local_cluster_options(spec.world_size, cfg.threads_per_worker)
                 log.info("ray: starting a local cluster (%s)", options)
                 ray.init(runtime_env=runtime_env, **options)
+            handlers.restore()
             trainer = TorchTrainer(
                 train_loop_per_worker,
                 train_loop_config={"cell_dir": str(spec.cell_dir), "launch_time": launch_time},

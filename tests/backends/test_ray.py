@@ -21,18 +21,20 @@ from pipelines.results import CellResult
 from tests import fault_injection
 
 pytestmark = pytest.mark.slow
-RAY_PROCESS_NAMES = ("raylet", "gcs_server", "ray::", "ray_", "default_worker", "pt_elastic")
+# node daemons (raylet, gcs_server), workers and actors (their titles start "ray::"), and the
+# Python helpers of a node (log monitor, runtime-env agent, ...: scripts under site-packages/ray/)
+RAY_PROCESS_MARKERS = ("raylet", "gcs_server", "ray::", "site-packages/ray/")
 
 
 def ray_processes() -> set[tuple[int, str]]:
-    """Live (not zombie) Ray processes on this host: node daemons, workers, actors."""
+    """Live (not zombie) Ray processes on this host."""
     found = set()
     for proc in psutil.process_iter(["pid", "name", "cmdline", "status"]):
         try:
             if proc.info["status"] == psutil.STATUS_ZOMBIE:
                 continue
             text = " ".join([proc.info["name"] or "", *(proc.info["cmdline"] or [])])
-            if any(marker in text for marker in RAY_PROCESS_NAMES) or "/ray/" in text:
+            if any(marker in text for marker in RAY_PROCESS_MARKERS):
                 found.add((proc.info["pid"], text[:120]))
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
@@ -168,3 +170,44 @@ def test_ray_cell_killed_after_epoch_1_resumes_from_rays_checkpoint(ray_cells, t
     assert resumed.test.loss == pytest.approx(reference.test.loss, abs=1e-6)
     assert resumed.attempts[-1].outcome == "ok" and len(resumed.attempts) == 2
     assert_no_new_ray_processes(before)
+
+
+def test_ray_address_joins_an_existing_cluster_and_leaves_it_running(trained, bench_config, run_paths,
+                                                                     tmp_path):
+    """A head started outside the cell (``ray start --head --block``, on loopback) is joined
+    with ``ray_address=host:port``; the cell trains there like a local cluster's and the head
+    survives the cell, until its owner stops it."""
+    import socket
+    import shutil
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    temp_dir = f"/tmp/rayhead-{os.getpid()}"
+    before = ray_processes()
+    head = subprocess.Popen(
+        [os.path.join(os.path.dirname(sys.executable), "ray"), "start", "--head", "--block",
+         f"--port={port}", "--node-ip-address=127.0.0.1", "--num-cpus=2", "--include-dashboard=false",
+         f"--temp-dir={temp_dir}"],
+        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        config = bench_config.model_copy(update={"ray_address": f"127.0.0.1:{port}"})
+        cell = CellPaths(run_paths.cells / "ray-w2-joined")
+        deadline = time.time() + 120
+        while head.poll() is None and time.time() < deadline:  # the head's GCS accepts drivers
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.5)
+        time.sleep(3)  # the head's raylet registers shortly after its GCS listens
+        result = RayBackend().run(config, 2, paths=run_paths, cell=cell)
+        assert result.status == "ok" and result.platform_mode == "cluster"
+        reference = trained("ddp", 2)
+        for er, ed in zip(result.epochs, reference.epochs, strict=True):
+            assert er.train_loss == pytest.approx(ed.train_loss, abs=1e-6)
+        assert head.poll() is None, "the cell stopped a cluster it only joined"
+    finally:
+        head.terminate()
+        head.wait(60)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    assert_no_new_ray_processes(before, timeout=60)
