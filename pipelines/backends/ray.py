@@ -35,6 +35,7 @@ import pipelines
 from pipelines.backends.base import TrainingBackend
 from pipelines.cell import CellSpec
 from pipelines.config import Backend
+from pipelines.signals import CellTerminated
 
 log = logging.getLogger(__name__)
 # Settings of the driver that the workers need too (a remote cluster's workers do not inherit
@@ -68,6 +69,18 @@ def local_cluster_options(world_size: int, threads: int, pid: int | None = None)
         "_temp_dir": f"/tmp/ray-{pid or os.getpid()}",  # short: Unix socket paths max ~107 chars
         "log_to_driver": True,
     }
+
+
+def signal_that_stopped(err: BaseException) -> CellTerminated | None:
+    """The ``CellTerminated`` behind ``err``: raised by the project's signal handler while the
+    driver waits in ``ray.get``, it reaches us wrapped in a ``SystemError`` by Ray's C++ core."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, CellTerminated):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
 
 
 class keep_signal_handlers:
@@ -121,7 +134,10 @@ class RayBackend(TrainingBackend):
                     checkpoint_config=CheckpointConfig(num_to_keep=2),  # as the loop keeps (checkpoint.KEEP)
                     worker_runtime_env=runtime_env),
             )
-            result = trainer.fit()  # raises ray.train.TrainingFailedError when a worker failed
+            try:
+                result = trainer.fit()  # raises ray.train.TrainingFailedError when a worker failed
+            except BaseException as err:
+                raise signal_that_stopped(err) or err
             log.info("ray: run %s finished; latest checkpoint %s", result.path,
                      result.checkpoint.path if result.checkpoint else None)
         finally:
