@@ -115,9 +115,17 @@ def make_shards(args, paths) -> None:
     from pipelines.fileio import atomic_write_json
 
     atomic_write_json(paths.manifest, {"labels": [0, 1], "source": str(SHARED / "imdb"), "splits": {}})
-    for split, n in (("train", args.train_samples), ("test", args.test_samples)):
-        frame = pd.read_parquet(SHARED / "imdb" / f"{split}.parquet")
-        frame = pd.concat(g.sample(n // 2, random_state=args.seed) for _, g in frame.groupby("label"))
+    # the loop evaluates a validation split every epoch: a tenth as many reviews, other train rows
+    n_validation = max(4, args.train_samples // 10)
+    train = pd.read_parquet(SHARED / "imdb" / "train.parquet")
+    frames = {}
+    for split, source, n in (("train", train, args.train_samples),
+                             ("test", pd.read_parquet(SHARED / "imdb" / "test.parquet"), args.test_samples)):
+        frames[split] = pd.concat(g.sample(n // 2, random_state=args.seed) for _, g in source.groupby("label"))
+    rest = train.drop(frames["train"].index)
+    frames["validation"] = pd.concat(g.sample(n_validation // 2, random_state=args.seed)
+                                     for _, g in rest.groupby("label"))
+    for split, frame in frames.items():
         out = paths.token_split(split)
         out.mkdir(parents=True, exist_ok=True)
         tokenize_frame(frame.sample(frac=1.0, random_state=args.seed), args.model, args.seq_len) \

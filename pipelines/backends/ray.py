@@ -109,6 +109,7 @@ class RayBackend(TrainingBackend):
         from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
         from ray.train.torch import TorchTrainer
 
+        from pipelines.training.checkpoint import KEEP
         from pipelines.training.ray_worker import train_loop_per_worker
 
         cfg = spec.config
@@ -131,7 +132,7 @@ class RayBackend(TrainingBackend):
                 run_config=RunConfig(
                     storage_path=str(spec.cell_dir / "ray"), name=spec.cell_dir.name,
                     failure_config=FailureConfig(max_failures=0),
-                    checkpoint_config=CheckpointConfig(num_to_keep=2),  # as the loop keeps (checkpoint.KEEP)
+                    checkpoint_config=CheckpointConfig(num_to_keep=KEEP),  # as many as the loop keeps
                     worker_runtime_env=runtime_env),
             )
             try:
