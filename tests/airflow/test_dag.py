@@ -251,7 +251,7 @@ def _only_run_dir(output_root: Path) -> Path:
 def test_dags_test_runs_the_whole_benchmark(airflow_home, tmp_path, imdb_dir, bert_tiny_dir):
     home, env = airflow_home
     out = tmp_path / "runs"
-    conf = {"profile": "smoke", "backends": ["ddp", "spark", "determined"], "worker_counts": [1],
+    conf = {"profile": "smoke", "backends": ["ddp", "spark", "determined", "ray"], "worker_counts": [1],
             "epochs": 1, "train_samples": 160, "test_samples": 80, "max_seq_len": 32}
     done = _dags_test(_deployment(env, out, imdb_dir, bert_tiny_dir), conf)
     (tmp_path / "dags_test.log").write_text(done.stdout + done.stderr)
@@ -262,7 +262,7 @@ def test_dags_test_runs_the_whole_benchmark(airflow_home, tmp_path, imdb_dir, be
     for task_id in ("prepare_run", "ingest", "validate_snapshot", "preprocess", "validate_tokens",
                     *PLAN_IDS, "evaluate", "report", "track", "check_regression"):
         assert states[task_id] == ["success"], (task_id, states)
-    assert states["train.w1"] == ["success"] * 3  # one mapped instance per backend
+    assert states["train.w1"] == ["success"] * 4  # one mapped instance per backend
     assert all(s == ["skipped"] for t, s in states.items() if t in TRAIN_IDS[1:]), states
 
     config = json.loads((run_dir / "config.json").read_text())
