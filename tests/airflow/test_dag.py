@@ -148,7 +148,7 @@ def test_params_mirror_the_config(dag):
 
 
 @pytest.mark.parametrize("conf, field", [
-    ({"backends": ["ray"]}, "backends"),
+    ({"backends": ["horovod"]}, "backends"),
     ({"backends": []}, "backends"),
     ({"epochs": 0}, "epochs"),
     ({"worker_counts": [0]}, "worker_counts"),
@@ -283,9 +283,9 @@ def test_dags_test_runs_the_whole_benchmark(airflow_home, tmp_path, imdb_dir, be
 def test_dags_test_refuses_bad_params_before_any_task(airflow_home, tmp_path):
     _, env = airflow_home
     done = _dags_test({**env, "BENCHMARK_OUTPUT_ROOT": str(tmp_path / "runs")},
-                      {"profile": "smoke", "backends": ["ray"]}, timeout=120)
+                      {"profile": "smoke", "backends": ["horovod"]}, timeout=120)
     assert done.returncode != 0
-    assert "backends" in done.stdout + done.stderr and "'ray' is not one of" in done.stdout + done.stderr
+    assert "backends" in done.stdout + done.stderr and "'horovod' is not one of" in done.stdout + done.stderr
     assert not (tmp_path / "runs").exists()
 
 
