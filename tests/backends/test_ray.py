@@ -20,7 +20,6 @@ from pipelines.paths import PROJECT_ROOT, CellPaths, RunPaths
 from pipelines.results import CellResult
 from tests import fault_injection
 
-pytestmark = pytest.mark.slow
 # node daemons (raylet, gcs_server), workers and actors (their titles start "ray::"), and the
 # Python helpers of a node (log monitor, runtime-env agent, ...: scripts under site-packages/ray/)
 RAY_PROCESS_MARKERS = ("raylet", "gcs_server", "ray::", "site-packages/ray/")
@@ -60,6 +59,7 @@ def ray_cells(trained):
     return _get
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [1, 2])
 def test_ray_cell_returns_a_complete_result(ray_cells, run_paths, workers):
     result = ray_cells(workers)
@@ -81,6 +81,7 @@ def test_ray_cell_returns_a_complete_result(ray_cells, run_paths, workers):
     assert (ray_run / "epoch-0002" / "epoch-0002.pt").stat().st_nlink >= 2  # a hard link, no copy
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [1, 2])
 def test_ray_runs_the_same_training_as_ddp(ray_cells, trained, workers):
     ray, ddp = ray_cells(workers), trained("ddp", workers)
@@ -90,6 +91,7 @@ def test_ray_runs_the_same_training_as_ddp(ray_cells, trained, workers):
     assert ray.test.confusion_matrix == ddp.test.confusion_matrix
 
 
+@pytest.mark.slow
 def test_failed_ray_cell_leaves_a_failed_result_and_no_ray_process(bench_config, run_paths, tmp_path):
     empty = RunPaths(tmp_path / "no-tokens")
     empty.snapshot.mkdir(parents=True)
@@ -117,6 +119,7 @@ def test_cluster_options_and_worker_environment():
     assert env["PIPELINES_EPOCH_END_HOOK"] == "m:f" and "SECRET" not in env
 
 
+@pytest.mark.slow
 def test_ray_cell_killed_after_epoch_1_resumes_from_rays_checkpoint(ray_cells, trained, bench_config,
                                                                    run_paths, tmp_path):
     """Kill the driver's whole process tree (Ray cluster included) after epoch 1's checkpoint
@@ -172,6 +175,7 @@ def test_ray_cell_killed_after_epoch_1_resumes_from_rays_checkpoint(ray_cells, t
     assert_no_new_ray_processes(before)
 
 
+@pytest.mark.slow
 def test_ray_address_joins_an_existing_cluster_and_leaves_it_running(trained, bench_config, run_paths,
                                                                      tmp_path):
     """A head started outside the cell (``ray start --head --block``, on loopback) is joined
