@@ -8,10 +8,17 @@ First a bare torchrun job (this file re-run as ``--bare-worker``: plain DDP, no 
 BERT-tiny from its config, same steps/batch/sequence length), then every backend's real cell
 (``pipelines.backends.run_cell``) on token shards of the real IMDB copy. Prints steady-state
 training time (training epochs: data loading + forward/backward/step) and its ratio to bare
-torchrun and to ddp, and start-up / total wall time separately. ``--rounds`` (default 3) repeats
-every path, interleaved in a rotating order; medians are reported with the per-round ratios.
-Targets at full size: ddp <= 1.03x bare; spark <= 1.10x and determined <= 1.05x of ddp. Writes ``<out>/overhead.json``. Needs ../shared/data (or
-SHARED_DATA) and 2+ free cores for world size 2.
+torchrun and to ddp, and start-up / total wall time separately (with start-up's ratio to ddp).
+``--rounds`` (default 3) repeats every path, interleaved in a rotating order; medians are
+reported with the per-round ratios. ``--fresh-processes`` runs every cell in a new Python
+process (``run_cell`` in ``python -c``), so no path profits from imports or engine state of an
+earlier cell; the command's wall time is reported as ``process s``. Ray against ddp only:
+
+    .venv/bin/python bench/backend_overhead.py --backends ddp,ray --fresh-processes \
+        --train-samples 256 --test-samples 128 --epochs 2 --seq-len 64 --batch-size 16
+
+Targets at full size: ddp <= 1.03x bare; spark <= 1.10x and determined <= 1.05x of ddp. Writes
+``<out>/overhead.json``. Needs ../shared/data (or SHARED_DATA) and 2+ free cores for world size 2.
 """
 
 from __future__ import annotations
@@ -81,6 +88,28 @@ def run_bare(args, out: Path, rnd: int = 0) -> dict:
     return {**json.loads(result.read_text()), "total_seconds": time.time() - t0}
 
 
+FRESH_CELL = """import sys
+from pathlib import Path
+from pipelines.backends import run_cell
+from pipelines.config import Backend, read_config
+from pipelines.paths import RunPaths
+run_cell(read_config(Path(sys.argv[1])), RunPaths(Path(sys.argv[2])), Backend(sys.argv[3]), int(sys.argv[4]),
+         int(sys.argv[5]))
+"""
+
+
+def run_fresh(config_path: Path, paths, backend: str, workers: int, rnd: int):
+    """One cell in a new Python process; -> (its result, the command's wall time less the time
+    it waited for the host's timing lock)."""
+    from pipelines.results import CellResult
+
+    t0 = time.time()
+    subprocess.run([sys.executable, "-c", FRESH_CELL, str(config_path), str(paths.root), backend, str(workers),
+                    str(rnd)], check=True)
+    result = CellResult.read(paths.cell(backend, workers, rnd).result)
+    return result, time.time() - t0 - result.timed_window.lock_wait_seconds
+
+
 def make_shards(args, paths) -> None:
     import pandas as pd
 
@@ -88,9 +117,17 @@ def make_shards(args, paths) -> None:
     from pipelines.fileio import atomic_write_json
 
     atomic_write_json(paths.manifest, {"labels": [0, 1], "source": str(SHARED / "imdb"), "splits": {}})
-    for split, n in (("train", args.train_samples), ("test", args.test_samples)):
-        frame = pd.read_parquet(SHARED / "imdb" / f"{split}.parquet")
-        frame = pd.concat(g.sample(n // 2, random_state=args.seed) for _, g in frame.groupby("label"))
+    # the loop evaluates a validation split every epoch: a tenth as many reviews, other train rows
+    n_validation = max(4, args.train_samples // 10)
+    train = pd.read_parquet(SHARED / "imdb" / "train.parquet")
+    frames = {}
+    for split, source, n in (("train", train, args.train_samples),
+                             ("test", pd.read_parquet(SHARED / "imdb" / "test.parquet"), args.test_samples)):
+        frames[split] = pd.concat(g.sample(n // 2, random_state=args.seed) for _, g in source.groupby("label"))
+    rest = train.drop(frames["train"].index)
+    frames["validation"] = pd.concat(g.sample(n_validation // 2, random_state=args.seed)
+                                     for _, g in rest.groupby("label"))
+    for split, frame in frames.items():
         out = paths.token_split(split)
         out.mkdir(parents=True, exist_ok=True)
         tokenize_frame(frame.sample(frac=1.0, random_state=args.seed), args.model, args.seq_len) \
@@ -107,7 +144,9 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--backends", default="ddp,spark,determined")
+    p.add_argument("--backends", default="ddp,spark,determined,ray")
+    p.add_argument("--fresh-processes", action="store_true",
+                   help="run every cell in a new Python process (whole-process start-up included)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved repetitions (medians reported)")
     p.add_argument("--model", default=str(SHARED / "bert-tiny"))
     p.add_argument("--out", default=None, help="output folder (default: a temp folder)")
@@ -118,7 +157,7 @@ def main() -> None:
         return bare_worker(args)
 
     from pipelines.backends import run_cell
-    from pipelines.config import Backend, load_config
+    from pipelines.config import Backend, load_config, save_config
     from pipelines.paths import RunPaths
 
     out = Path(args.out or tempfile.mkdtemp(prefix="overhead-"))
@@ -129,6 +168,7 @@ def main() -> None:
         max_seq_len=args.seq_len, epochs=args.epochs, batch_size=args.batch_size,
         threads_per_worker=args.threads, seed=args.seed, spark_master=f"local[{max(2, args.workers)}]",
         train_samples=args.train_samples, test_samples=args.test_samples))
+    save_config(config, out / "config.json")
     # Rounds interleave the paths (rotating their order) so drift on a shared machine hits all
     # alike; ratios are of the medians over rounds, with the per-round spread shown.
     names = ["bare", *args.backends.split(",")]
@@ -138,24 +178,36 @@ def main() -> None:
             if name == "bare":
                 runs[name].append(run_bare(args, out, rnd))
                 continue
-            r = run_cell(config, paths, Backend(name), args.workers, rnd)
+            if args.fresh_processes:
+                r, process_seconds = run_fresh(out / "config.json", paths, name, args.workers, rnd)
+            else:
+                t0 = time.time()
+                r = run_cell(config, paths, Backend(name), args.workers, rnd)
+                process_seconds = time.time() - t0 - r.timed_window.lock_wait_seconds
             runs[name].append({"training_seconds": r.training_seconds, "startup_seconds": r.startup_seconds,
-                               "evaluation_seconds": r.evaluation_seconds, "total_seconds": r.total_seconds})
+                               "evaluation_seconds": r.evaluation_seconds, "total_seconds": r.total_seconds,
+                               "process_seconds": process_seconds})
     rows = {name: {key: statistics.median(run[key] for run in rs) for key in rs[0]} for name, rs in runs.items()}
     train = {name: [run["training_seconds"] for run in rs] for name, rs in runs.items()}
     bare, ddp = rows["bare"]["training_seconds"], rows.get("ddp", {}).get("training_seconds")
+    ddp_startup = rows.get("ddp", {}).get("startup_seconds")
     print(f"\n{args.workers} worker(s), {args.train_samples} reviews x {args.epochs} epochs, "
-          f"batch {args.batch_size}/worker, seq {args.seq_len}; median of {args.rounds} round(s)")
+          f"batch {args.batch_size}/worker, seq {args.seq_len}; median of {args.rounds} round(s)"
+          f"{', every cell in a fresh process' if args.fresh_processes else ''}")
     print(f"{'path':<11}{'train s':>9}{'x bare':>8}{'x ddp':>7}{'x ddp per round':>22}"
-          f"{'start-up s':>12}{'total s':>9}")
+          f"{'start-up s':>12}{'x ddp':>7}{'total s':>9}{'process s':>11}")
+    nan = float("nan")
     for name, row in rows.items():
         row["x_bare"] = row["training_seconds"] / bare
         row["x_ddp"] = row["training_seconds"] / ddp if ddp else None
         row["x_ddp_per_round"] = [t / d for t, d in zip(train[name], train["ddp"])] if ddp else []
+        row["startup_x_ddp"] = row["startup_seconds"] / ddp_startup if ddp_startup and "startup_seconds" in row \
+            else None
         spread = " ".join(f"{x:.3f}" for x in row["x_ddp_per_round"])
         print(f"{name:<11}{row['training_seconds']:>9.2f}{row['x_bare']:>8.3f}"
-              f"{row['x_ddp'] if row['x_ddp'] else float('nan'):>7.3f}{spread:>22}"
-              f"{row.get('startup_seconds', float('nan')):>12.2f}{row['total_seconds']:>9.2f}")
+              f"{row['x_ddp'] or nan:>7.3f}{spread:>22}"
+              f"{row.get('startup_seconds', nan):>12.2f}{row['startup_x_ddp'] or nan:>7.3f}"
+              f"{row['total_seconds']:>9.2f}{row.get('process_seconds', nan):>11.2f}")
     (out / "overhead.json").write_text(json.dumps({"args": vars(args), "rows": rows, "runs": runs}, indent=2))
     print(f"written {out / 'overhead.json'}")
 

@@ -2,7 +2,8 @@
 ### IMDB distributed-training benchmark
 
 Trains BERT-tiny on IMDB sentiment through **PyTorch DDP** (torchrun), **Spark
-TorchDistributor** and **Determined AI** at several worker counts, then compares time,
+TorchDistributor**, **Determined AI** and **Ray Train** (TorchTrainer; a local Ray cluster per
+cell, or the cluster at `BENCHMARK_RAY_ADDRESS`) at several worker counts, then compares time,
 accuracy, scaling and platform overhead, and logs everything to MLflow.
 
 ```
@@ -31,7 +32,9 @@ nightly = the scheduled run, paper = the published study); every other field lef
 keeps the profile's value. `overrides` sets any other `BenchmarkConfig` field.
 Fields left empty that the machine must supply (data, tokenizer, model, output folder) come
 from the environment: `BENCHMARK_OUTPUT_ROOT`, `BENCHMARK_DATASET_SOURCE`,
-`BENCHMARK_TOKENIZER_SOURCE`, `BENCHMARK_MODEL_SOURCE` (set by `scripts/airflow_env.sh`).
+`BENCHMARK_TOKENIZER_SOURCE`, `BENCHMARK_MODEL_SOURCE` (set by `scripts/airflow_env.sh`); so do
+the engines' addresses (`BENCHMARK_SPARK_MASTER`, `BENCHMARK_DETERMINED_MASTER`,
+`BENCHMARK_RAY_ADDRESS`), which a trigger cannot set.
 
 **Training slots.** The timed part of every cell holds a host-wide lock (pipelines.attempts), so
 two cells are never timed on one host at once, whoever started them. Each `train.wN` task takes

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
@@ -38,6 +39,7 @@ class Backend(StrEnum):
     DDP = "ddp"
     SPARK = "spark"
     DETERMINED = "determined"
+    RAY = "ray"
     # Spark TorchDistributor with the data fed through Spark (the tokenized DataFrame's partitions
     # reach the ranks in a barrier stage) instead of each rank reading the token shards ("spark")
     SPARK_DATAFRAME = "spark_dataframe"
@@ -55,6 +57,7 @@ PLACEMENT_FIELDS = frozenset({
     "mlflow_tracking_uri", "mlflow_experiment", "price_per_worker_hour",
     "regression_time_threshold", "regression_accuracy_drop", "regression_baseline_runs",
     "regression_window_days", "regression_pinned_baseline",
+    "ray_address",
 })
 
 
@@ -116,6 +119,11 @@ class BenchmarkConfig(BaseModel):
     ddp_node_rank: int = Field(0, ge=0)
     ddp_rdzv_endpoint: str | None = None  # host:port; None -> --standalone
     determined_master: str | None = None  # None -> local Trainer; else DET_MASTER
+    # --- ray (pipelines.backends.ray) ---
+    # None: a local Ray cluster on 127.0.0.1 started for each ray cell and stopped after it;
+    # "auto" (the cluster this host belongs to), "ray://host:10001" (Ray Client) or
+    # "host:6379" (the head's GCS address): join that cluster, which is left running
+    ray_address: str | None = None
 
     # --- tracking, reporting, output -------------------------------------------------------
     output_root: str = "runs"
@@ -142,6 +150,14 @@ class BenchmarkConfig(BaseModel):
             return v
         raise ValueError("must be local[N|*], embedded (the run's own standalone cluster) or a cluster "
                          "master URL (spark://host:7077, k8s://..., yarn)")
+
+    @field_validator("ray_address")
+    @classmethod
+    def _known_ray_address(cls, v: str | None) -> str | None:
+        if v is None or v == "auto" or re.fullmatch(r"(ray://)?[A-Za-z0-9_.\-]+:\d{1,5}", v):
+            return v
+        raise ValueError("must be empty (a local Ray cluster started for each cell), 'auto' (the cluster "
+                         "this host belongs to), ray://host:port (Ray Client) or host:port (the head's GCS)")
 
     @field_validator("backends")
     @classmethod
@@ -241,6 +257,7 @@ SITE_DEFAULT_ENV = {
     "model_source": "BENCHMARK_MODEL_SOURCE",
     "spark_master": "BENCHMARK_SPARK_MASTER",
     "determined_master": "BENCHMARK_DETERMINED_MASTER",
+    "ray_address": "BENCHMARK_RAY_ADDRESS",
 }
 # Where a run reads, writes, trains and reports: set by whoever deploys the benchmark (the
 # environment above, MLFLOW_TRACKING_URI), never by a DAG trigger, so a trigger cannot point a
@@ -248,6 +265,7 @@ SITE_DEFAULT_ENV = {
 DEPLOYMENT_FIELDS = frozenset({
     "output_root", "dataset_source", "tokenizer_source", "model_source", "spark_master",
     "determined_master", "ddp_rdzv_endpoint", "ddp_nnodes", "ddp_node_rank", "mlflow_tracking_uri",
+    "ray_address",
 })
 
 

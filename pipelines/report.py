@@ -51,6 +51,9 @@ MODE_CAVEATS = {
     ("determined", "local"): "Determined's Trainer runs in-process under torchrun: no master, no scheduling, "
                              "no checkpoint upload. It measures the Trainer's own bookkeeping, not a "
                              "Determined cluster's overhead.",
+    ("ray", "local-cluster"): "Ray Train on a one-node Ray cluster started for the cell on this host: its "
+                              "start-up includes the cluster's, and there is no network between workers. "
+                              "It measures Ray's own launch and bookkeeping, not a multi-node cluster's.",
 }
 
 

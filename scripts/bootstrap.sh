@@ -22,4 +22,4 @@ fi
 if [ "$(cd / && "$VPY" -c 'import pipelines, pathlib; print(pathlib.Path(pipelines.__file__).resolve().parent.parent)' 2>/dev/null)" != "$ROOT" ]; then
   "$VPY" -m pip install -q --no-deps --no-build-isolation -e "$ROOT"
 fi
-"$VPY" -c "import torch, airflow, pyspark, great_expectations, mlflow, determined, transformers; print('deps ok: torch', torch.__version__, 'airflow', airflow.__version__)"
+"$VPY" -c "import torch, airflow, pyspark, great_expectations, mlflow, determined, ray, transformers; print('deps ok: torch', torch.__version__, 'airflow', airflow.__version__)"

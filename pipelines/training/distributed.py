@@ -11,8 +11,9 @@ that owns these (Ray Train's ``prepare_model`` /
 ``prepare_data_loader`` and its process group, FSDP's ``fully_shard``) subclasses it and
 overrides the step it owns, without copying the loop:
 
-    class RayTrainDistributed(TorchDistributed):
-        def wrap_model(self, model, env): return ray.train.torch.prepare_model(model)
+    class RayTrainDistributed(TorchDistributed):      # pipelines.training.ray_worker
+        def ranks(self): ...                          # from ray.train.get_context()
+        def on_epoch_end(self, env, epoch, path, m): ...  # ray.train.report(m, checkpoint=...)
 
     run_training(spec, launch_time, distributed=RayTrainDistributed())
 """
@@ -103,19 +104,28 @@ class TorchDistributed:
         self.created_group = False
         self.comm_timer = CommTimer()  # gradient all-reduce time, the "communication" phase
 
+    def ranks(self) -> tuple[int, int, int, int | None]:
+        """(rank, world size, local rank, local world size or None when no launcher started
+        this process) from torchrun's RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE."""
+        local_world = os.environ.get("LOCAL_WORLD_SIZE")
+        return (int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
+                int(os.environ.get("LOCAL_RANK", 0)), int(local_world) if local_world else None)
+
+    def cuda_device(self, local_rank: int) -> torch.device:
+        """This rank's GPU: CUDA_VISIBLE_DEVICES (set per cell) picks the GPUs, the local rank one."""
+        return torch.device("cuda", local_rank)
+
     def setup(self) -> DistEnv:
-        """Read RANK / WORLD_SIZE / LOCAL_RANK; join the process group if world > 1."""
-        rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        """Read the ranks (``ranks``); join the process group if world > 1."""
+        rank, world, local_rank, local_world = self.ranks()
         cores: tuple[int, ...] = ()
-        if torch.cuda.is_available():  # CUDA_VISIBLE_DEVICES (set per cell) picks the GPUs
-            device = torch.device("cuda", local_rank)
+        if torch.cuda.is_available():
+            device = self.cuda_device(local_rank)
             torch.cuda.set_device(device)
         else:
             device = torch.device("cpu")
-            if "LOCAL_WORLD_SIZE" in os.environ:  # started by a launcher (torchrun, Spark, Ray)
-                cores = pin_cpu_cores(local_rank, int(os.environ["LOCAL_WORLD_SIZE"]), torch.get_num_threads(),
-                                      world)
+            if local_world is not None:  # started by a launcher (torchrun, Spark, Ray)
+                cores = pin_cpu_cores(local_rank, local_world, torch.get_num_threads(), world)
         if world > 1 and not dist.is_initialized():
             dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
             self.created_group = True
@@ -135,6 +145,11 @@ class TorchDistributed:
     def optimizer_options(self, env: DistEnv) -> dict:
         """Extra keyword arguments for the loop's ``torch.optim.AdamW`` (e.g. ``{"fused": True}``)."""
         return {}
+
+    def on_epoch_end(self, env: DistEnv, epoch: int, checkpoint_path: str | None, metrics: dict) -> None:
+        """Called on every rank at the end of the checkpoint phase of each epoch (``checkpoint_path``:
+        the file rank 0 just wrote, None on the other ranks): a framework that tracks
+        checkpoints itself (Ray Train's ``report``) registers it here. Nothing by default."""
 
     def teardown(self) -> None:
         """Destroy the process group if (and only if) ``setup`` created it."""

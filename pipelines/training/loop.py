@@ -328,6 +328,7 @@ def _train(spec: CellSpec, env: DistEnv, distributed: TorchDistributed, launch_t
                     "scheduler": scheduler.state_dict(), "epoch": epoch + 1, "rng": rngs,
                     "config": cfg.to_json(), "world_size": env.world_size, "record": record.state(),
                 }, spec.cell.checkpoints, epoch + 1))
+            distributed.on_epoch_end(env, epoch + 1, checkpoint_path if env.is_main else None, m.model_dump())
         if hook is not None:
             hook(epoch=epoch + 1, rank=env.rank, cell_dir=spec.cell_dir)
 

@@ -63,7 +63,7 @@ def test_dag_file_parses_fast_without_heavy_imports():
         f"bag = DagBag(dag_folder={str(DAG_FILE)!r})\n"
         "elapsed = time.perf_counter() - t\n"
         "heavy = sorted(m for m in ('torch', 'pyspark', 'transformers', 'great_expectations', 'mlflow',\n"
-        "               'determined', 'pandas', 'pipelines.stages') if m in sys.modules)\n"
+        "               'determined', 'ray', 'pandas', 'pipelines.stages') if m in sys.modules)\n"
         "print(elapsed, bag.import_errors == {}, ','.join(heavy))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, text=True,
@@ -148,7 +148,7 @@ def test_params_mirror_the_config(dag):
 
 
 @pytest.mark.parametrize("conf, field", [
-    ({"backends": ["ray"]}, "backends"),
+    ({"backends": ["horovod"]}, "backends"),
     ({"backends": []}, "backends"),
     ({"epochs": 0}, "epochs"),
     ({"worker_counts": [0]}, "worker_counts"),
@@ -192,7 +192,8 @@ def test_params_become_config_overrides():
     # where a run reads, writes and reports is the deployment's: a trigger cannot move it
     for hostile in ({"overrides": {"mlflow_tracking_uri": "http://evil.example"}},
                     {"overrides": {"output_root": "/"}}, {"dataset_source": "/etc"},
-                    {"overrides": {"spark_master": "spark://evil:7077", "determined_master": "x"}}):
+                    {"overrides": {"spark_master": "spark://evil:7077", "determined_master": "x"}},
+                    {"overrides": {"ray_address": "ray://evil:10001"}}):
         with pytest.raises(ValueError, match="set by the deployment"):
             overrides_from_params({**params, **hostile}, env)
 
@@ -250,7 +251,7 @@ def _only_run_dir(output_root: Path) -> Path:
 def test_dags_test_runs_the_whole_benchmark(airflow_home, tmp_path, imdb_dir, bert_tiny_dir):
     home, env = airflow_home
     out = tmp_path / "runs"
-    conf = {"profile": "smoke", "backends": ["ddp", "spark", "determined"], "worker_counts": [1],
+    conf = {"profile": "smoke", "backends": ["ddp", "spark", "determined", "ray"], "worker_counts": [1],
             "epochs": 1, "train_samples": 160, "test_samples": 80, "max_seq_len": 32}
     done = _dags_test(_deployment(env, out, imdb_dir, bert_tiny_dir), conf)
     (tmp_path / "dags_test.log").write_text(done.stdout + done.stderr)
@@ -261,7 +262,7 @@ def test_dags_test_runs_the_whole_benchmark(airflow_home, tmp_path, imdb_dir, be
     for task_id in ("prepare_run", "ingest", "validate_snapshot", "preprocess", "validate_tokens",
                     *PLAN_IDS, "evaluate", "report", "track", "check_regression"):
         assert states[task_id] == ["success"], (task_id, states)
-    assert states["train.w1"] == ["success"] * 3  # one mapped instance per backend
+    assert states["train.w1"] == ["success"] * 4  # one mapped instance per backend
     assert all(s == ["skipped"] for t, s in states.items() if t in TRAIN_IDS[1:]), states
 
     config = json.loads((run_dir / "config.json").read_text())
@@ -282,9 +283,9 @@ def test_dags_test_runs_the_whole_benchmark(airflow_home, tmp_path, imdb_dir, be
 def test_dags_test_refuses_bad_params_before_any_task(airflow_home, tmp_path):
     _, env = airflow_home
     done = _dags_test({**env, "BENCHMARK_OUTPUT_ROOT": str(tmp_path / "runs")},
-                      {"profile": "smoke", "backends": ["ray"]}, timeout=120)
+                      {"profile": "smoke", "backends": ["horovod"]}, timeout=120)
     assert done.returncode != 0
-    assert "backends" in done.stdout + done.stderr and "'ray' is not one of" in done.stdout + done.stderr
+    assert "backends" in done.stdout + done.stderr and "'horovod' is not one of" in done.stdout + done.stderr
     assert not (tmp_path / "runs").exists()
 
 

@@ -1,5 +1,5 @@
 """SIGTERM to `python -m pipelines train` takes the whole cell down (torchrun and its ranks;
-Spark's JVM, torchrun and ranks), marks the cell failed with the signal and ends its MLflow run
+Spark's JVM, torchrun and ranks; Ray's local cluster and its workers), marks the cell failed with the signal and ends its MLflow run
 FAILED; nothing keeps running or writing afterwards. Real processes throughout."""
 
 from __future__ import annotations
@@ -20,13 +20,16 @@ from pipelines.results import CellResult
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("backend", ["ddp", "spark"])
+LAUNCHER_MARK = {"ddp": "torch.distributed.run", "spark": "torch.distributed.run", "ray": "raylet"}
+
+
+@pytest.mark.parametrize("backend", ["ddp", "spark", "ray"])
 def test_sigterm_stops_every_process_of_the_cell(backend, run_paths, bench_config, tmp_path):
     if not run_paths.config.exists():
         save_config(bench_config, run_paths.config)
     env = {**os.environ, "BENCHMARK_HOST_LOCK": str(tmp_path / "lock")}
     env.pop("MLFLOW_TRACKING_URI", None)  # the run's own store (config.json)
-    repeat = 40 if backend == "ddp" else 41
+    repeat = {"ddp": 40, "spark": 41, "ray": 42}[backend]
     cell = run_paths.cell(backend, 2, repeat)
     cmd = [sys.executable, "-m", "pipelines", "train", "--run-dir", str(run_paths.root), "--backend", backend,
            "--workers", "2", "--repeat", str(repeat)]
@@ -37,7 +40,7 @@ def test_sigterm_stops_every_process_of_the_cell(backend, run_paths, bench_confi
         time.sleep(0.2)  # ranks are training once rank 0 beats
     assert cell.heartbeat.exists(), "training never started"
     tree = psutil.Process(proc.pid).children(recursive=True)
-    assert any("torch.distributed.run" in " ".join(p.cmdline()) for p in tree)  # torchrun and its ranks
+    assert any(LAUNCHER_MARK[backend] in " ".join(p.cmdline()) for p in tree)  # torchrun / Ray's node
 
     proc.send_signal(signal.SIGTERM)
     sent = time.time()

@@ -16,6 +16,7 @@ from pipelines.backends.spark_dataframe import FEED_RECORD, SparkDataFrameBacken
 from pipelines.config import Backend, ConfigError, load_config
 from pipelines.paths import RunPaths
 from pipelines.results import CellResult
+from pipelines.training import phases
 from tests.backends.feed_recorder import RecordingFeed, recorded
 from tests.token_shards import write_token_shards
 
@@ -68,6 +69,9 @@ def test_the_result_shows_the_cluster_mode_the_feed_and_the_executors(dataframe_
     assert result.versions["launcher"] == "TorchDistributor._train_on_dataframe"
     assert result.train_samples == TRAIN_ROWS and [e.epoch for e in result.epochs] == [1, 2, 3, 4]
     assert result.startup_seconds > 0 and result.training_seconds > 0
+    for cell in (result, files_cell):  # barrier tasks on executors: the same phases, adding up
+        assert tuple(cell.phases) == phases.PHASES and cell.phases["communication"] > 0
+        assert abs(phases.unattributed(cell.phases, cell.total_seconds)) <= 0.02 * cell.total_seconds
     feed = json.loads((feed_paths.cell("spark_dataframe", 2, 0).root / FEED_RECORD).read_text())
     assert (feed["rows"], feed["rows_per_rank"], feed["padded_rows"], feed["spark_partitions"]) == (
         TRAIN_ROWS, TRAIN_ROWS // 2, 0, 2)
