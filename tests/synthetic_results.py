@@ -69,7 +69,7 @@ def write_synthetic_run(config: BenchmarkConfig, name: str = "run-a", skip: tupl
                    for split, n, c in (("train", 200, "a"), ("test", 100, "b"))},
     }))
     results = {}
-    for backend, workers, repeat in config.cells():
+    for backend, _strategy, workers, repeat in config.cells():
         cell = paths.cell(backend, workers, repeat)
         if cell.name in skip:
             continue

@@ -124,7 +124,11 @@ class BenchmarkTrial(dtorch.PyTorchTrial):
         model, self.model_source = build_model(cfg.model_source, cfg.seed, self.spec.num_labels)
         self.raw_model = model
         self.model = context.wrap_model(model)
-        self.loader = loop.train_loader(self.train_set, cfg, self.env)
+        # imbalance strategies (the only ones Determined's Trainer can take: pipelines.backends.determined)
+        imbalance = cfg.strategy().imbalance
+        counts = loop.train_class_counts(self.spec) if imbalance != "none" else None
+        self.class_weights = loop.strategies.class_weights(counts) if imbalance == "weighted_loss" else None
+        self.loader = loop.train_loader(self.train_set, cfg, self.env, counts)
         optimizer, scheduler = loop.build_optimizer(model, cfg, len(self.loader) * cfg.epochs)
         self.optimizer = context.wrap_optimizer(optimizer)
         self.scheduler = context.wrap_lr_scheduler(
@@ -147,7 +151,7 @@ class BenchmarkTrial(dtorch.PyTorchTrial):
         return {"epoch_recorder": self.recorder}
 
     def train_batch(self, batch, epoch_idx: int, batch_idx: int) -> dict:
-        loss, logits, labels = loop.forward(self.model, batch, self.env.device)
+        loss, logits, labels = loop.forward(self.model, batch, self.env.device, self.class_weights)
         self.context.backward(loss)
         self.context.step_optimizer(self.optimizer)
         if self.env.is_main and batch_idx % 8 == 0:  # a killed attempt's end

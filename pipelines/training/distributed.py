@@ -7,8 +7,10 @@ join the group (nccl on GPU, gloo on CPU) unless one exists, wrap the model in
 ``DistributedDataParallel``, leave the loaders alone, and destroy the group at the end only if
 it created it (``optimizer_options``: extra AdamW arguments, none by default). A framework
 that owns these (Ray Train's ``prepare_model`` /
-``prepare_data_loader`` and its process group, FSDP's ``fully_shard``) subclasses it and
-overrides the step it owns, without copying the loop:
+``prepare_data_loader`` and its process group) subclasses it and overrides the step it owns,
+without copying the loop. Training strategies (``pipelines.training.strategies``) plug in
+here too: ``sharding=fsdp`` calls ``shard_model`` instead of ``wrap_model``; comm hooks and
+local SGD are registered on whatever DDP module ``wrap_model`` returns:
 
     class RayTrainDistributed(TorchDistributed):
         def wrap_model(self, model, env): return ray.train.torch.prepare_model(model)
@@ -123,6 +125,13 @@ class TorchDistributed:
             return model
         return torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[env.local_rank] if env.device.type == "cuda" else None)
+
+    def shard_model(self, model: torch.nn.Module, env: DistEnv) -> torch.nn.Module:
+        """Strategy ``sharding=fsdp`` (instead of ``wrap_model``): FSDP2 ``fully_shard`` in place;
+        the loop builds the optimizer after it, over the sharded parameters."""
+        from pipelines.training.strategies import shard_model
+
+        return shard_model(model)
 
     def prepare_loader(self, loader, env: DistEnv):
         return loader

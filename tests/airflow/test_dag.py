@@ -205,13 +205,13 @@ def test_cells_are_grouped_by_worker_count_and_checked_against_the_pool():
 
     cells = load_config("smoke", {"backends": ["ddp", "spark"], "worker_counts": [1, 2]}).cells()
     plan = plan_by_workers(cells, pool_slots=2)
-    assert plan["w1"] == [{"backend": "ddp", "workers": 1, "repeat": 0},
-                          {"backend": "spark", "workers": 1, "repeat": 0}]
+    assert plan["w1"] == [{"backend": "ddp", "strategy": "default", "workers": 1, "repeat": 0},
+                          {"backend": "spark", "strategy": "default", "workers": 1, "repeat": 0}]
     assert [c["backend"] for c in plan["w2"]] == ["ddp", "spark"] and plan["w3"] == plan["w4"] == []
     with pytest.raises(ValueError, match="pool 'training_workers'.*has 1"):
         plan_by_workers(cells, pool_slots=1)
     with pytest.raises(ValueError, match="maximum 4"):
-        plan_by_workers([("ddp", 5, 0)], pool_slots=None)
+        plan_by_workers([("ddp", "default", 5, 0)], pool_slots=None)
 
 
 # --- end to end: the real CLI, scheduler loop and tasks -------------------------------------------
