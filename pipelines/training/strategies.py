@@ -134,6 +134,12 @@ def _counting(hook, runtime: StrategyRuntime, compressed_element_size: int | Non
             future = hook(state, bucket)
             sent = state.total_numel_after_compression - before  # 0 before compression starts
             runtime.hook_bytes += (sent or buffer.numel()) * buffer.element_size()
+            if dist.get_backend() == "gloo":
+                # PowerSGD chains 3 all-reduces per bucket in future callbacks; with several
+                # buckets in flight, two gloo ranks can issue them in different orders (measured:
+                # "Received data size doesn't match expected size" on BERT-tiny's buckets). Finish
+                # each bucket's chain before the next bucket starts: same order on every rank.
+                future.wait()
             return future
         size = compressed_element_size or buffer.element_size()
         runtime.hook_bytes += 0 if compressed_element_size == 0 else buffer.numel() * size
