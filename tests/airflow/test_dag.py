@@ -159,6 +159,9 @@ def test_params_mirror_the_config(dag):
     ({"train_samples": 1}, "train_samples"),
     ({"target_accuracy": 0}, "target_accuracy"),
     ({"epochs": "three"}, "epochs"),
+    ({"strategies": ["powersgd-rx"]}, "strategies"),
+    ({"strategies": ["fp16+nonsense"]}, "strategies"),
+    ({"class_ratio": 1.5}, "class_ratio"),
 ])
 def test_trigger_conf_with_bad_values_is_refused(scheduler_params, conf, field):
     from airflow.sdk.exceptions import ParamValidationError
@@ -169,9 +172,17 @@ def test_trigger_conf_with_bad_values_is_refused(scheduler_params, conf, field):
 
 def test_trigger_conf_with_good_values_is_accepted(scheduler_params):
     conf = {"profile": "smoke", "backends": ["ddp", "spark"], "worker_counts": [1, 2], "epochs": 1,
-            "learning_rate": 0.001, "overrides": {"seed": 7}}
+            "learning_rate": 0.001, "overrides": {"seed": 7},
+            "strategies": ["default", "powersgd-r4", "localsgd-8", "fsdp+weighted_loss"], "class_ratio": 0.2}
     resolved = copy.deepcopy(scheduler_params).deep_merge(conf).validate()
     assert resolved["backends"] == ["ddp", "spark"] and resolved["epochs"] == 1
+    sys.path.insert(0, str(DAGS_DIR))
+    from imdb_benchmark import overrides_from_params
+
+    from pipelines.config import load_config
+
+    config = load_config("smoke", overrides_from_params(resolved, {}))  # the form's names parse in the config
+    assert [s.name for s in config.strategies] == conf["strategies"] and config.class_ratio == 0.2
     assert resolved["batch_size"] is None  # left empty: the profile's value
 
 
