@@ -108,8 +108,8 @@ def strategy_rows(summary: RunSummary) -> list[list[str]]:
     imbalance strategies' effect), payload per step handed to collectives (comm hooks, local SGD)."""
     default = {(a.backend, a.workers): a for a in summary.aggregates if a.strategy == DEFAULT_STRATEGY}
     rows = []
-    for a in sorted(summary.aggregates, key=lambda a: (a.backend.value, a.workers, a.strategy != DEFAULT_STRATEGY,
-                                                       a.strategy)):
+    # grouped by backend and workers; strategies in the run's order (stable sort)
+    for a in sorted(summary.aggregates, key=lambda a: (a.backend.value, a.workers)):
         base = default.get((a.backend, a.workers))
         vs_default = None
         if base is not None and a is not base and base.training_seconds.median and a.training_seconds.median:
