@@ -282,6 +282,10 @@ def _train(spec: CellSpec, env: DistEnv, distributed: TorchDistributed, launch_t
     counts = train_class_counts(spec) if strategy.imbalance != "none" else None
     weights = strategies.class_weights(counts) if strategy.imbalance == "weighted_loss" else None
     loader = distributed.prepare_loader(train_loader(train_set, cfg, env, counts), env)
+    if strategy.imbalance == "weighted_sampler" and not isinstance(loader.sampler, strategies.DistributedWeightedSampler):
+        # a framework's loader preparation replaced the sampler: refuse rather than train unweighted
+        raise RuntimeError(f"strategy {strategy.name!r}: {type(distributed).__name__}.prepare_loader replaced the "
+                           f"weighted sampler with {type(loader.sampler).__name__}; keep the loop's sampler")
     held_out = eval_loader(validation_set, cfg.batch_size, env)
     # FSDP: every rank runs as many evaluation forwards as the rank with the largest share
     eval_batches = math.ceil(math.ceil(len(validation_set) / env.world_size) / cfg.batch_size) if sharded else None

@@ -112,6 +112,7 @@ class StrategyRuntime:
             from torch.distributed.algorithms.model_averaging.utils import average_parameters
 
             average_parameters(iter(self.parameters), dist.group.WORLD)
+            self.averaged_bytes += _bytes(self.parameters)
 
     @property
     def comm_bytes_per_step(self) -> float | None:

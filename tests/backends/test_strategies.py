@@ -72,6 +72,13 @@ def test_determined_refuses_comm_strategies_before_the_cell_starts(strategy_conf
         update={"backends": [Backend.DDP, Backend.DETERMINED]})))
 
 
+def test_determined_runs_the_imbalance_strategies(strategy_config, run_paths):
+    config = strategy_config.model_copy(update={"strategies": [TrainingStrategy(imbalance="weighted_loss")]})
+    result = run_cell(config, run_paths, Backend.DETERMINED, 1, 0, strategy="weighted_loss")
+    assert result.status == "ok" and result.strategy == "weighted_loss" and result.imbalance == "weighted_loss"
+    assert run_paths.cell("determined", 1, 0, "weighted_loss").result.exists() and result.test.accuracy > 0
+
+
 def test_comm_strategies_have_no_one_worker_cell(strategy_config, run_paths):
     assert ("powersgd-r2", 1) in strategy_config.not_applicable_cells()
     assert all(not (s != "default" and n == 1) for _, s, n, _ in strategy_config.cells())
