@@ -1,5 +1,5 @@
 """The report's strategies table and the summary's strategy rows, on synthetic cell results
-(the training itself: tests/training/test_strategies.py, tests/backends/test_strategies.py)."""
+(the training itself: tests/training/test_strategies.py, tests/backends/test_strategy_cells.py)."""
 
 from __future__ import annotations
 
