@@ -9,7 +9,7 @@ accuracy, scaling and platform overhead, and logs everything to MLflow.
 ```
 prepare_run -> start_spark_cluster (setup) -> ingest -> validate_snapshot -> preprocess
   -> validate_tokens -> train.plan_wN -> train.wN   for N = 1..4 (mapped: one instance per
-  backend x repeat) -> stop_spark_cluster (teardown: runs whatever happened before)
+  backend x strategy x repeat) -> stop_spark_cluster (teardown: runs whatever happened before)
   -> evaluate (runs when every cell is done, failed ones included) -> report -> track
   -> check_regression
 ```
@@ -126,6 +126,11 @@ def _profiles_md() -> str:
 
 
 BACKENDS = [b.value for b in Backend]
+# strategy names as pipelines.config.parse_strategy reads them, checked in the form
+STRATEGY_PATTERN = (r"^(default|fp16|bf16|powersgd(-r[0-9]+)?|localsgd-[0-9]+|fsdp|ddp|weighted_sampler|weighted_loss)"
+                    r"(\+(fp16|bf16|powersgd(-r[0-9]+)?|localsgd-[0-9]+|fsdp|ddp|weighted_sampler|weighted_loss))*$")
+STRATEGY_EXAMPLES = ["default", "fp16", "bf16", "powersgd-r1", "powersgd-r4", "localsgd-4", "localsgd-16", "fsdp",
+                     "weighted_sampler", "weighted_loss"]
 PARAMS = {
     "profile": Param("nightly", type="string", enum=list(PROFILES), title="Profile",
                      description_md=_profiles_md(), section="Profile"),
@@ -141,6 +146,19 @@ PARAMS = {
                                        "empty = the profile's."),
     "repeats": _number("repeats", "integer", "Repeats", "Runs of every cell (for medians).",
                        "Training matrix"),
+    "strategies": Param(None, type=["array", "null"], title="Training strategies", minItems=1, uniqueItems=True,
+                        items={"type": "string", "pattern": STRATEGY_PATTERN}, examples=STRATEGY_EXAMPLES,
+                        section="Training matrix",
+                        description_md="Strategies to compare, each a cell of its own (every backend x strategy "
+                                       "x worker count): `default`, `fp16`, `bf16` (GPU only), `powersgd-r<rank>`, "
+                                       "`localsgd-<steps>` (local SGD, parameters averaged every N steps), `fsdp`, "
+                                       "`weighted_sampler`, `weighted_loss`; combine with `+` "
+                                       "(`fsdp+weighted_loss`). Comm strategies have no 1-worker cell; "
+                                       "a strategy a backend cannot run (Determined: comm hooks, local SGD, "
+                                       "FSDP) is refused before any work. Empty = `default` only."),
+    "class_ratio": _number("class_ratio", "number", "Class ratio",
+                           "Imbalanced train sample on purpose: every other class gets this fraction of "
+                           "label 0's rows (test stays balanced); empty = stratified as the source.", "Data"),
     "epochs": _number("epochs", "integer", "Epochs", "Training epochs per cell.", "Training"),
     "batch_size": _number("batch_size", "integer", "Batch size", "Per worker.", "Training"),
     "learning_rate": _number("learning_rate", "number", "Learning rate", "AdamW peak learning rate at 1 worker.",
@@ -187,7 +205,7 @@ def overrides_from_params(params: dict, environ: dict | None = None) -> dict:
 def plan_by_workers(cells: list[tuple], pool_slots: int | None) -> dict[str, list[dict]]:
     """Cells grouped by worker count -> kwargs lists for the train.wN tasks ("w1".."w4")."""
     plan: dict[str, list[dict]] = {f"w{n}": [] for n in range(1, MAX_WORKERS + 1)}
-    for backend, workers, repeat in cells:
+    for backend, strategy, workers, repeat in cells:
         if workers > MAX_WORKERS:
             raise ValueError(f"worker_counts: {workers} is above the DAG's maximum {MAX_WORKERS} "
                              f"(one train task per count); run it with `python -m pipelines` instead")
@@ -196,7 +214,8 @@ def plan_by_workers(cells: list[tuple], pool_slots: int | None) -> dict[str, lis
             raise ValueError(f"worker_counts: {workers} workers need {workers} slots of pool {POOL!r}, "
                              f"which has {pool_slots} ({SLOTS_ENV}; GPU or CPU count). Lower worker_counts "
                              f"or resize the pool: {SLOTS_ENV}={workers} bash scripts/airflow_setup.sh")
-        plan[f"w{workers}"].append({"backend": str(backend), "workers": workers, "repeat": repeat})
+        plan[f"w{workers}"].append({"backend": str(backend), "strategy": strategy, "workers": workers,
+                                    "repeat": repeat})
     return plan
 
 
@@ -320,14 +339,15 @@ def imdb_benchmark():
         return cells
 
     @task(pool=POOL, retries=2, retry_delay=timedelta(seconds=10),
-          map_index_template="{{ task.op_kwargs['backend'] }} x{{ task.op_kwargs['workers'] }}"
-                             " r{{ task.op_kwargs['repeat'] }}")
-    def train(run_dir: str, backend: str, workers: int, repeat: int) -> dict:
-        """One cell; a retry resumes from the cell's last checkpoint."""
+          map_index_template="{{ task.op_kwargs['backend'] }} {{ task.op_kwargs['strategy'] }}"
+                             " x{{ task.op_kwargs['workers'] }} r{{ task.op_kwargs['repeat'] }}")
+    def train(run_dir: str, backend: str, strategy: str, workers: int, repeat: int) -> dict:
+        """One (backend, strategy, workers, repeat) cell; a retry resumes from its last checkpoint."""
         from pipelines import stages
 
-        result = stages.train_cell(run_dir, Backend(backend), workers, repeat)  # XCom str -> enum, once
-        return _logged(f"train {backend} x{workers} r{repeat}", result)
+        result = stages.train_cell(run_dir, Backend(backend), workers, repeat,  # XCom str -> enum, once
+                                   strategy=strategy)
+        return _logged(f"train {backend} {strategy} x{workers} r{repeat}", result)
 
     @task
     def finish_step(run_dir: str, step: str) -> dict:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from pipelines import preflight, runner, spark_cluster, stages
 from pipelines.config import PROFILES, Backend, ConfigError, parse_set_options, read_config, site_defaults
-from pipelines.paths import RunPaths
+from pipelines.paths import RunPaths, cell_name
 from pipelines.signals import CellTerminated
 
 log = logging.getLogger("pipelines")
@@ -56,6 +56,9 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--backend", required=True, choices=[b.value for b in Backend])
     train.add_argument("--workers", required=True, type=int)
     train.add_argument("--repeat", type=int, default=0)
+    train.add_argument("--strategy", default="default",
+                       help="one of the run's strategies by name (default, fp16, powersgd-r2, localsgd-4, fsdp, "
+                            "weighted_loss, ...; give the list with --set 'strategies=[...]')")
     train.add_argument("--node-rank", type=int, help="multi-node ddp: this machine's node rank")
     train.add_argument("--force", action="store_true", help="train the cell again even if it finished")
     run = with_run_options(sub.add_parser("run", help="the whole benchmark: data, every cell, report"))
@@ -91,12 +94,13 @@ def _train_all(run_dir: str, force: bool) -> list[str]:
     """Every planned cell; a failed cell is recorded (result.json) and the others go on;
     finished cells are skipped unless ``force``."""
     failed = []
-    for backend, workers, repeat in stages.planned_cells(run_dir):
+    for backend, strategy, workers, repeat in stages.planned_cells(run_dir):
         try:
-            stages.train_cell(run_dir, backend, workers, repeat, force=force)
+            stages.train_cell(run_dir, backend, workers, repeat, force=force, strategy=strategy)
         except Exception as err:
-            log.error("cell %s w%d r%d failed: %s", backend, workers, repeat, err)
-            failed.append(f"{backend}-w{workers}-r{repeat}")
+            name = cell_name(backend, workers, repeat, strategy)
+            log.error("cell %s failed: %s", name, err)
+            failed.append(name)
     return failed
 
 
@@ -119,7 +123,8 @@ def _command(args: argparse.Namespace) -> int:
         if args.command == "train":
             try:
                 print(json.dumps(stages.train_cell(run_dir, Backend(args.backend), args.workers, args.repeat,
-                                                   node_rank=args.node_rank, force=args.force)))
+                                                   node_rank=args.node_rank, force=args.force,
+                                                   strategy=args.strategy)))
             except Exception as err:
                 raise runner.StepFailed("train", err, runner.resume_hint("train", run_dir)) from err
             return 0

@@ -20,9 +20,10 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pipelines.fileio import atomic_write_text
+from pipelines.paths import DEFAULT_STRATEGY
 
 DEFAULT_DATASET = "stanfordnlp/imdb"  # hub dataset id; a local folder works too
 DEFAULT_MODEL = "prajjwal1/bert-tiny"  # hub model id; a local folder works too
@@ -50,9 +51,98 @@ def is_local_spark_master(master: str) -> bool:
     return master == "local" or master.startswith("local[")
 
 
+# --- training strategies (issue 13) ----------------------------------------------------------
+class TrainingStrategy(BaseModel):
+    """How the ranks of a cell cooperate, orthogonal to the backend that launches them.
+
+    ``comm_hook``: DDP gradient communication (``none`` = fp32 all-reduce; ``fp16`` / ``bf16``
+    compression; ``powersgd`` low-rank compression of rank ``powersgd_rank``); ``sync_every``:
+    local SGD, parameters averaged every N steps (1 = plain synchronous DDP); ``sharding``:
+    ``ddp`` (replicated) or ``fsdp`` (FSDP2 ``fully_shard``); ``imbalance``: how training
+    counters an imbalanced train split (``weighted_sampler`` draws rows with probability
+    1 / class count, ``weighted_loss`` weights the loss by N / (K * class count)).
+    ``name`` is the short label of cells and reports ("default" when nothing is changed).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    comm_hook: Literal["none", "fp16", "bf16", "powersgd"] = "none"
+    powersgd_rank: int = Field(1, ge=1, le=64)  # matrix_approximation_rank of PowerSGD
+    sync_every: int = Field(1, ge=1, le=10_000)  # local SGD period in optimizer steps
+    sharding: Literal["ddp", "fsdp"] = "ddp"
+    imbalance: Literal["none", "weighted_sampler", "weighted_loss"] = "none"
+
+    @property
+    def name(self) -> str:
+        parts = []
+        if self.comm_hook == "powersgd":
+            parts.append(f"powersgd-r{self.powersgd_rank}")
+        elif self.comm_hook != "none":
+            parts.append(self.comm_hook)
+        if self.sync_every > 1:
+            parts.append(f"localsgd-{self.sync_every}")
+        if self.sharding != "ddp":
+            parts.append(self.sharding)
+        if self.imbalance != "none":
+            parts.append(self.imbalance)
+        return "+".join(parts) or DEFAULT_STRATEGY
+
+    @property
+    def is_default(self) -> bool:
+        return self.name == DEFAULT_STRATEGY
+
+    def result_fields(self) -> dict[str, Any]:
+        """The CellResult fields that record this strategy."""
+        return {"strategy": self.name, "comm_hook": self.comm_hook,
+                "powersgd_rank": self.powersgd_rank if self.comm_hook == "powersgd" else None,
+                "sync_every": self.sync_every, "sharding": self.sharding, "imbalance": self.imbalance}
+
+    @property
+    def needs_process_group(self) -> bool:
+        """Strategies about how ranks talk: meaningless on one worker."""
+        return self.comm_hook != "none" or self.sync_every > 1 or self.sharding != "ddp"
+
+    @model_validator(mode="after")
+    def _compatible(self) -> "TrainingStrategy":
+        if self.sharding == "fsdp" and (self.comm_hook != "none" or self.sync_every > 1):
+            raise ValueError("sharding=fsdp takes no DDP comm_hook and no sync_every > 1 "
+                             "(FSDP reduce-scatters gradients itself; hooks and local SGD are DDP's)")
+        if self.comm_hook != "none" and self.sync_every > 1:
+            raise ValueError("comm_hook and sync_every > 1 exclude each other: local SGD registers "
+                             "its own DDP hook (post-local-SGD)")
+        return self
+
+
+def parse_strategy(value: Any) -> Any:
+    """A strategy as the CLI / trigger form gives it: a dict of fields, or a canonical name
+    (``"default"``, ``"fp16"``, ``"powersgd-r2"``, ``"localsgd-4"``, ``"fsdp"``,
+    ``"weighted_loss"``, joined with ``+``)."""
+    if not isinstance(value, str):
+        return value
+    fields: dict[str, Any] = {}
+    for part in filter(None, value.strip().split("+")):
+        if part == DEFAULT_STRATEGY:
+            continue
+        if part in ("fp16", "bf16", "powersgd"):
+            fields["comm_hook"] = part
+        elif part.startswith("powersgd-r") and part[10:].isdigit():
+            fields.update(comm_hook="powersgd", powersgd_rank=int(part[10:]))
+        elif part.startswith("localsgd-") and part[9:].isdigit():
+            fields["sync_every"] = int(part[9:])
+        elif part in ("fsdp", "ddp"):
+            fields["sharding"] = part
+        elif part in ("weighted_sampler", "weighted_loss"):
+            fields["imbalance"] = part
+        else:
+            raise ValueError(f"unknown strategy part {part!r} in {value!r} (known: default, fp16, bf16, "
+                             "powersgd, powersgd-r<rank>, localsgd-<steps>, fsdp, weighted_sampler, "
+                             "weighted_loss; joined with '+')")
+    return fields
+
+
 # Fields that say where/how a run is launched, tracked or judged, not what a cell trains.
 PLACEMENT_FIELDS = frozenset({
-    "profile", "backends", "worker_counts", "repeats", "target_accuracy", "spark_master",
+    "profile", "backends", "strategies", "worker_counts", "repeats", "target_accuracy", "spark_master",
     "ddp_nnodes", "ddp_node_rank", "ddp_rdzv_endpoint", "determined_master", "output_root",
     "mlflow_tracking_uri", "mlflow_experiment", "price_per_worker_hour",
     "regression_time_threshold", "regression_accuracy_drop", "regression_baseline_runs",
@@ -80,6 +170,9 @@ class BenchmarkConfig(BaseModel):
     min_text_chars: int = Field(1, ge=1)  # GX bounds on raw review length
     max_text_chars: int = Field(20_000, ge=1)
     min_class_fraction: float = Field(0.4, gt=0, le=0.5)  # GX class-balance bound per label
+    # imbalanced train sample on purpose: every class other than label 0 gets class_ratio times
+    # label 0's rows (test stays stratified); the train balance bound follows the ratio
+    class_ratio: float | None = Field(None, gt=0, le=1)
     # data contract (GX): what a usable benchmark data set is; relaxing it keeps a run out of baselines
     max_overlap_fraction: float = Field(0.01, ge=0, le=1)  # test rows whose text is also in train
     max_duplicate_fraction: float = Field(0.05, ge=0, le=1)  # repeated texts within one split
@@ -95,6 +188,9 @@ class BenchmarkConfig(BaseModel):
     # --- model & training ------------------------------------------------------------------
     model_source: str = DEFAULT_MODEL  # hub id / folder; no weights there -> random init
     backends: list[Backend] = Field(default_factory=lambda: list(Backend), min_length=1)
+    # training strategies: every backend x strategy x worker count is a cell (a cell's own config
+    # carries its one strategy); a strategy a backend cannot run is refused before the cell starts
+    strategies: list[TrainingStrategy] = Field(default_factory=lambda: [TrainingStrategy()], min_length=1)
     worker_counts: list[int] = Field(default_factory=lambda: [1, 2], min_length=1)
     epochs: int = Field(2, ge=1, le=1000)
     batch_size: int = Field(32, ge=1, le=4096)  # per worker, or global: see batch_policy
@@ -159,6 +255,30 @@ class BenchmarkConfig(BaseModel):
         raise ValueError("must be empty (a local Ray cluster started for each cell), 'auto' (the cluster "
                          "this host belongs to), ray://host:port (Ray Client) or host:port (the head's GCS)")
 
+    @field_validator("strategies", mode="before")
+    @classmethod
+    def _parse_strategies(cls, v: Any) -> Any:
+        if isinstance(v, (str, dict)):  # one strategy given alone
+            v = [v]
+        return [parse_strategy(item) for item in v] if isinstance(v, list) else v
+
+    @field_validator("strategies")
+    @classmethod
+    def _unique_strategies(cls, v: list[TrainingStrategy]) -> list[TrainingStrategy]:
+        return list({s.name: s for s in v}.values())
+
+    def strategy(self, name: str | None = None) -> TrainingStrategy:
+        """The run's strategy called ``name``; a cell's config (one strategy): its own."""
+        if name is None:
+            if len(self.strategies) != 1:
+                raise ConfigError(f"strategies: this config holds {len(self.strategies)}; name one")
+            return self.strategies[0]
+        for s in self.strategies:
+            if s.name == name:
+                return s
+        raise ConfigError(f"strategy {name!r} is not one of this run's strategies "
+                          f"({', '.join(s.name for s in self.strategies)})")
+
     @field_validator("backends")
     @classmethod
     def _unique_backends(cls, v: list[Backend]) -> list[Backend]:
@@ -175,18 +295,28 @@ class BenchmarkConfig(BaseModel):
             return self.mlflow_tracking_uri
         return f"sqlite:///{Path(self.output_root).resolve() / 'mlflow.db'}"
 
-    def cells(self) -> list[tuple[Backend, int, int]]:
-        """Every (backend, workers, repeat) training cell of this run, in a stable order."""
+    def cells(self) -> list[tuple[Backend, str, int, int]]:
+        """Every (backend, strategy name, workers, repeat) training cell of this run, in a
+        stable order. Strategies about how ranks talk (comm hooks, local SGD, FSDP) have no
+        1-worker cell: they do not apply there (``not_applicable_cells`` lists them)."""
         return [
-            (b, n, r)
+            (b, s.name, n, r)
             for r in range(self.repeats)
             for b in self.backends
+            for s in self.strategies
             for n in self.worker_counts
+            if n > 1 or not s.needs_process_group
         ]
 
-    def for_cell(self, world_size: int, repeat: int) -> "BenchmarkConfig":
+    def not_applicable_cells(self) -> list[tuple[str, int]]:
+        """(strategy name, workers) pairs left out of ``cells``: nothing to communicate."""
+        return [(s.name, n) for s in self.strategies for n in self.worker_counts
+                if n == 1 and s.needs_process_group]
+
+    def for_cell(self, world_size: int, repeat: int, strategy: str | None = None) -> "BenchmarkConfig":
         """The config one cell trains with: seed + repeat, the per-worker batch of the batch
-        policy and the learning rate scaled to the global batch. Stored in the cell's spec."""
+        policy, the learning rate scaled to the global batch and the cell's one strategy
+        (``strategy``: a name of ``strategies``; None = the first). Stored in the cell's spec."""
         if self.batch_policy == "global":
             if self.batch_size % world_size:
                 raise ConfigError(f"batch_size: the global batch {self.batch_size} cannot be split evenly "
@@ -196,8 +326,10 @@ class BenchmarkConfig(BaseModel):
             per_worker = self.batch_size
         factor = per_worker * world_size / self.batch_size  # global batch vs the 1-worker batch
         scale = {"none": 1.0, "linear": factor, "sqrt": math.sqrt(factor)}[self.lr_scaling]
+        chosen = self.strategy(strategy) if strategy is not None else self.strategies[0]
         return self.model_copy(update={"seed": self.seed + repeat, "batch_size": per_worker,
-                                       "learning_rate": self.learning_rate * scale})
+                                       "learning_rate": self.learning_rate * scale,
+                                       "strategies": [chosen]})
 
     def fingerprint(self) -> str:
         """sha256 over every field that changes the work or the result (not where it runs, how
@@ -215,7 +347,13 @@ class BenchmarkConfig(BaseModel):
         Where and how the run is launched or tracked (master URLs, rendezvous endpoint, output
         and tracking locations, the matrix of cells) may change between attempts.
         """
-        return self.model_dump(mode="json", exclude=PLACEMENT_FIELDS)
+        identity = self.model_dump(mode="json", exclude=PLACEMENT_FIELDS)
+        # new fields enter the identity only when used, so earlier runs keep their fingerprint
+        if identity.get("class_ratio") is None:
+            identity.pop("class_ratio", None)
+        if len(self.strategies) == 1 and not self.strategies[0].is_default:  # a cell's config
+            identity["strategy"] = self.strategies[0].model_dump(mode="json")
+        return identity
 
 
 # Learning rates: BERT-tiny from random init (no hub here) needs ~1e-3 to leave chance level

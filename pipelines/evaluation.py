@@ -1,13 +1,13 @@
 """Evaluation: the run-level summary of every training cell.
 
 ``evaluate_run(config, paths)`` (the ``evaluate`` stage) reads every configured
-``cells/<backend>-w<N>-r<repeat>/result.json`` and writes ``report/summary.json``
+``cells/<backend>[-<strategy>]-w<N>-r<repeat>/result.json`` and writes ``report/summary.json``
 (``pipelines.summary.RunSummary``):
 
 - per cell: time-to-target-accuracy (MLPerf style: first epoch whose validation accuracy
   >= ``config.target_accuracy``, and the training-phase time up to it: evaluation and
   checkpoints excluded; None if never reached); its attempts, lost work and recovery time;
-- per (backend, workers): median/min/max over repeats (repeat r trains with seed + r) of total
+- per (backend, strategy, workers): median/min/max over repeats (repeat r trains with seed + r) of total
   and training time, samples/s, test accuracy/macro-F1, with a 95 % bootstrap interval of the
   median (and n) for total time and accuracy; recovery cost of resumed repeats; scaling efficiency t(1)/(N*t(N)) on training time (fixed
   global work; None without a 1-worker cell); overhead vs DDP at the same worker count
@@ -21,13 +21,14 @@ metrics live in ``pipelines.metrics`` (computed by the workers).
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
 import statistics
 
 from pipelines.config import Backend, BenchmarkConfig
-from pipelines.paths import RunPaths, cell_name
+from pipelines.paths import DEFAULT_STRATEGY, RunPaths, cell_name
 from pipelines.results import CellResult
 from pipelines.summary import Aggregate, CellRow, FailedCell, Hardware, Interval, RunSummary, Stats
 from pipelines.training import phases
@@ -37,18 +38,20 @@ log = logging.getLogger(__name__)
 NO_RESULT = "no result: cells/{cell}/result.json is missing (the training task never finished)"
 
 
-def read_cells(config: BenchmarkConfig, paths: RunPaths) -> dict[tuple[Backend, int, int], CellResult | str]:
-    """Every configured (backend, workers, repeat) -> its CellResult, or why there is none."""
-    out: dict[tuple[Backend, int, int], CellResult | str] = {}
-    for backend, workers, repeat in config.cells():
-        cell = paths.cell(backend, workers, repeat)
+def read_cells(config: BenchmarkConfig,
+               paths: RunPaths) -> dict[tuple[Backend, str, int, int], CellResult | str]:
+    """Every configured (backend, strategy, workers, repeat) -> its CellResult, or why there is none."""
+    out: dict[tuple[Backend, str, int, int], CellResult | str] = {}
+    for key in config.cells():
+        backend, strategy, workers, repeat = key
+        cell = paths.cell(backend, workers, repeat, strategy)
         if not cell.result.exists():
-            out[(backend, workers, repeat)] = NO_RESULT.format(cell=cell.name)
+            out[key] = NO_RESULT.format(cell=cell.name)
             continue
         try:
-            out[(backend, workers, repeat)] = CellResult.read(cell.result)
+            out[key] = CellResult.read(cell.result)
         except (ValueError, OSError) as err:  # half-written or hand-edited file
-            out[(backend, workers, repeat)] = f"unreadable result {cell.result}: {err}"
+            out[key] = f"unreadable result {cell.result}: {err}"
     return out
 
 
@@ -102,6 +105,18 @@ def _stats(values: list[float]) -> Stats:
     return Stats(median=float(statistics.median(values)), min=float(min(values)), max=float(max(values)))
 
 
+def aggregate_key(backend: str, strategy: str, workers: int) -> str:
+    """``ddp-w2`` (default strategy, as before strategies existed) or ``ddp-powersgd-r2-w2``."""
+    return f"{backend}-w{workers}" if strategy == DEFAULT_STRATEGY else f"{backend}-{strategy}-w{workers}"
+
+
+def _median_lists(lists: list[list[float]]) -> list[float]:
+    """Element-wise median of equally long lists (per-class recall over repeats)."""
+    if not lists or len({len(x) for x in lists}) != 1:
+        return []
+    return [float(statistics.median(values)) for values in zip(*lists)]
+
+
 def _ratio(num: float | None, den: float | None) -> float | None:
     return None if num is None or not den else num / den
 
@@ -109,7 +124,9 @@ def _ratio(num: float | None, den: float | None) -> float | None:
 def cell_row(name: str, result: CellResult, target: float) -> CellRow:
     tta_epoch, tta_seconds = time_to_target(result, target)
     return CellRow(
-        cell=name, backend=result.backend, workers=result.world_size, repeat=result.repeat,
+        cell=name, backend=result.backend, strategy=result.strategy, workers=result.world_size,
+        repeat=result.repeat, comm_bytes_per_step=result.comm_bytes_per_step,
+        recall_per_class=[c.recall for c in result.test.per_class] if result.test else [],
         status=result.status, error=result.error, device=result.device, host=result.host,
         platform_mode=result.platform_mode, data_feed=result.data_feed, model_source=result.model_source, total_seconds=result.total_seconds,
         training_seconds=result.training_seconds, startup_seconds=result.startup_seconds,
@@ -133,11 +150,14 @@ def _median_phases(rows: list[CellRow]) -> dict[str, float]:
 
 
 def _aggregate(config: BenchmarkConfig, rows: list[CellRow]) -> list[Aggregate]:
-    """One row per (backend, workers): statistics over the repeats that finished."""
+    """One row per (backend, strategy, workers) with cells: statistics over the repeats that finished."""
     aggregates = []
+    planned = {(b, s, n) for b, s, n, _ in config.cells()}
     for backend in config.backends:
-        for workers in config.worker_counts:
-            mine = [r for r in rows if r.backend == backend and r.workers == workers]
+        for strategy, workers in itertools.product([s.name for s in config.strategies], config.worker_counts):
+            if (backend, strategy, workers) not in planned:
+                continue  # e.g. a comm strategy at 1 worker: not applicable, no cell
+            mine = [r for r in rows if r.backend == backend and r.workers == workers and r.strategy == strategy]
             ok = [r for r in mine if r.status == "ok" and r.total_seconds is not None]
 
             def col(key: str) -> list[float]:
@@ -148,7 +168,9 @@ def _aggregate(config: BenchmarkConfig, rows: list[CellRow]) -> list[Aggregate]:
             resumed = [r for r in ok if r.resumed]
             worker_hours = None if total.median is None else workers * total.median / 3600.0
             aggregates.append(Aggregate(
-                key=f"{backend}-w{workers}", backend=backend, workers=workers,
+                key=aggregate_key(backend, strategy, workers), backend=backend, strategy=strategy,
+                workers=workers, comm_bytes_per_step=_stats(col("comm_bytes_per_step")).median,
+                recall_per_class=_median_lists([r.recall_per_class for r in ok if r.recall_per_class]),
                 repeats=config.repeats, repeats_ok=len(ok), repeats_failed=len(mine) - len(ok),
                 platform_mode="/".join(sorted({r.platform_mode for r in mine if r.platform_mode})) or None,
                 data_feed="/".join(sorted({r.data_feed for r in mine if r.data_feed})) or None,
@@ -174,13 +196,14 @@ def _aggregate(config: BenchmarkConfig, rows: list[CellRow]) -> list[Aggregate]:
 def _derive(aggregates: list[Aggregate]) -> list[Aggregate]:
     """Scaling efficiency t(1)/(N*t(N)) on training time (fixed global work), and overhead
     versus plain DDP at the same worker count: (t_backend - t_ddp) / t_ddp."""
-    by_key = {(a.backend, a.workers): a for a in aggregates}
+    by_key = {(a.backend, a.strategy, a.workers): a for a in aggregates}
     out = []
     for agg in aggregates:
         t_n = agg.training_seconds.median
-        one = by_key.get((agg.backend, 1))
+        # a comm strategy has no 1-worker cell: on one worker it is the default strategy
+        one = by_key.get((agg.backend, agg.strategy, 1)) or by_key.get((agg.backend, DEFAULT_STRATEGY, 1))
         t_1 = one.training_seconds.median if one else None
-        ddp = by_key.get((Backend.DDP, agg.workers))
+        ddp = by_key.get((Backend.DDP, agg.strategy, agg.workers))
         overhead = {}
         for what in ("total", "training"):
             mine = getattr(agg, f"{what}_seconds").median
@@ -209,10 +232,10 @@ def evaluate_run(config: BenchmarkConfig, paths: RunPaths) -> RunSummary:
     """
     cells = read_cells(config, paths)
     rows, failed = [], []
-    for (backend, workers, repeat), result in cells.items():
-        name = cell_name(backend, workers, repeat)
+    for (backend, strategy, workers, repeat), result in cells.items():
+        name = cell_name(backend, workers, repeat, strategy)
         if isinstance(result, str):
-            rows.append(CellRow(cell=name, backend=backend, workers=workers, repeat=repeat,
+            rows.append(CellRow(cell=name, backend=backend, strategy=strategy, workers=workers, repeat=repeat,
                                 status="failed", error=result))
             failed.append(FailedCell(cell=name, error=result))
             continue

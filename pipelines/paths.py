@@ -9,7 +9,7 @@ A retry, a resume or a re-report needs nothing but this folder. ``RunPaths`` (th
     snapshot/{train,test}.parquet, manifest.json  ingest
     validation/<stage>_<split>.json, <stage>_summary.json, data_docs/   Great Expectations
     tokens/{train,test}/part-*.parquet            Spark tokenization
-    cells/<backend>-w<N>-r<repeat>/               one training cell (see CellPaths)
+    cells/<backend>[-<strategy>]-w<N>-r<repeat>/  one training cell (see CellPaths)
     report/summary.json, report.{html,md}, *.png, regression.json       evaluation + report
 
 ``PROJECT_ROOT`` is the checkout this package lives in (the one definition of it).
@@ -38,9 +38,14 @@ def safe_run_id(raw: str) -> str:
     return f"{clean or 'run'}-{hashlib.sha256(raw.encode()).hexdigest()[:8]}"
 
 
-def cell_name(backend: str, workers: int, repeat: int) -> str:
-    """``ddp-w2-r0``: the folder name, MLflow run name and report key of one cell."""
-    return f"{backend}-w{workers}-r{repeat}"
+DEFAULT_STRATEGY = "default"  # pipelines.config.TrainingStrategy's name when nothing is changed
+
+
+def cell_name(backend: str, workers: int, repeat: int, strategy: str = DEFAULT_STRATEGY) -> str:
+    """``ddp-w2-r0`` (default strategy) or ``ddp-powersgd-r2-w2-r0``: the folder name, MLflow
+    run name and report key of one cell."""
+    middle = "" if strategy in (None, DEFAULT_STRATEGY) else f"-{strategy}"
+    return f"{backend}{middle}-w{workers}-r{repeat}"
 
 
 @dataclass(frozen=True)
@@ -177,8 +182,8 @@ class RunPaths:
     def spark_cluster_info(self) -> Path:  # {url, pids, started} while it runs (pipelines.spark_cluster)
         return self.spark_cluster / "cluster.json"
 
-    def cell(self, backend: str, workers: int, repeat: int) -> CellPaths:
-        return CellPaths(self.cells / cell_name(backend, workers, repeat))
+    def cell(self, backend: str, workers: int, repeat: int, strategy: str = DEFAULT_STRATEGY) -> CellPaths:
+        return CellPaths(self.cells / cell_name(backend, workers, repeat, strategy))
 
     def cell_results(self) -> list[Path]:
         """Every cell's result.json present on disk (whatever the config says)."""

@@ -3,11 +3,11 @@
     problems = preflight.problems(config, workers=[2])   # [] when the run can start
     preflight.check(config)                               # ConfigError listing every problem
 
-Checks: worker counts, a Spark master with executors for the dataframe feed, that the tokenizer
-and the model's config load from their sources, that the output root is writable, and that its
-disk has room for an estimate of what the run writes (snapshot, token shards, two checkpoints
-and a model per cell). Called by the CLI before the data stage and by the DAG's prepare_run
-before the run folder exists.
+Checks: worker counts, a Spark master with executors for the dataframe feed, that every backend
+can run every strategy of the run, that the tokenizer and the model's config load from their
+sources, that the output root is writable, and that its disk has room for an estimate of what the
+run writes (snapshot, token shards, two checkpoints and a model per cell). Called by the CLI
+before the data stage and by the DAG's prepare_run before the run folder exists.
 """
 
 from __future__ import annotations
@@ -43,6 +43,9 @@ def problems(config: BenchmarkConfig, workers: list[int] | None = None) -> list[
         refusal = local_master_refusal(config.spark_master)
         if refusal:
             out.append(refusal)
+    from pipelines.backends import strategy_refusals
+
+    out += strategy_refusals(config)  # e.g. powersgd on determined: refused before any work
     try:
         from pipelines.data.tokens import load_tokenizer
 

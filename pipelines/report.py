@@ -25,7 +25,7 @@ from typing import Any
 from pipelines.config import Backend, BenchmarkConfig
 from pipelines.evaluation import read_cells
 from pipelines.fileio import atomic_write_text
-from pipelines.paths import RunPaths
+from pipelines.paths import DEFAULT_STRATEGY, RunPaths
 from pipelines.results import CellResult
 from pipelines.summary import Aggregate, RunSummary, read_summary
 from pipelines.training import phases
@@ -97,6 +97,66 @@ def table_rows(summary: RunSummary) -> list[list[str]]:
             f"{a.resumed_cells}/{a.repeats_ok}", _fmt(a.estimated_cost, "cost"),
         ])
     return rows
+
+
+# --- training strategies (issue 13) -------------------------------------------------------------
+STRATEGY_COLUMNS = [
+    "backend", "strategy", "workers", "repeats ok", "total s (median)", "training s (median)",
+    "training vs default", "samples/s (median)", "test accuracy (median)", "test macro-F1 (median)",
+    "test recall per class", "comm MB/step", "phases: data / compute / communication s",
+]
+
+
+def platform_view(summary: RunSummary, config: BenchmarkConfig) -> RunSummary:
+    """The summary restricted to the run's first strategy ("default" unless changed): what the
+    platform comparison, the study section and the plots compare; strategies get their own table."""
+    first = config.strategies[0].name
+    return summary.model_copy(update={"aggregates": [a for a in summary.aggregates if a.strategy == first]})
+
+
+def strategy_rows(summary: RunSummary) -> list[list[str]]:
+    """One row per (backend, strategy, workers): time, accuracy, macro-F1, per-class recall (the
+    imbalance strategies' effect), payload per step handed to collectives (comm hooks, local SGD)."""
+    default = {(a.backend, a.workers): a for a in summary.aggregates if a.strategy == DEFAULT_STRATEGY}
+    rows = []
+    # grouped by backend and workers; strategies in the run's order (stable sort)
+    for a in sorted(summary.aggregates, key=lambda a: (a.backend.value, a.workers)):
+        base = default.get((a.backend, a.workers))
+        vs_default = None
+        if base is not None and a is not base and base.training_seconds.median and a.training_seconds.median:
+            vs_default = a.training_seconds.median / base.training_seconds.median - 1
+        rows.append([
+            a.backend.value, a.strategy, str(a.workers), f"{a.repeats_ok}/{a.repeats}",
+            _fmt(a.total_seconds.median), _fmt(a.training_seconds.median),
+            "-" if a is base else _fmt(vs_default, "pct"), _fmt(a.samples_per_second.median),
+            _fmt(a.test_accuracy.median, "acc"), _fmt(a.test_f1.median, "acc"),
+            " / ".join(f"{r:.3f}" for r in a.recall_per_class) or "n/a",
+            "n/a" if a.comm_bytes_per_step is None else f"{a.comm_bytes_per_step / 2**20:.3f}",
+            " / ".join(f"{a.phases.get(p, 0.0):.2f}" for p in ("data", "compute", "communication"))
+            if a.phases else "n/a",
+        ])
+    return rows
+
+
+def _strategy_lines(summary: RunSummary, config: BenchmarkConfig) -> list[str]:
+    lines = [_md_table(STRATEGY_COLUMNS, strategy_rows(summary)), ""]
+    lines.append("Each strategy is a cell of its own (pipelines.config.TrainingStrategy): `fp16`/`bf16`/"
+                 "`powersgd-r<k>` are DDP gradient-compression hooks, `localsgd-<n>` averages the parameters "
+                 "every n steps instead of all-reducing gradients, `fsdp` shards parameters, gradients and "
+                 "optimizer state (FSDP2), `weighted_sampler`/`weighted_loss` counter class imbalance. Test "
+                 "recall per class is label 0 / 1 / ...; the imbalance strategies should raise the minority "
+                 "class's. comm MB/step: payload each rank hands to gradient/parameter collectives per "
+                 "optimizer step (compressed sizes for the hooks; n/a for one worker and FSDP). Phases: the "
+                 "training phase split as in 'Where the time goes' (FSDP's collectives are not hooks: its "
+                 "communication counts as compute).")
+    skipped = config.not_applicable_cells()
+    if skipped:
+        lines.append("Not applicable (no cell): " + ", ".join(f"{s} at {n} worker" for s, n in skipped)
+                     + ": one worker has no one to communicate with.")
+    if config.class_ratio is not None:
+        lines.append(f"Train sample imbalanced on purpose: class_ratio={config.class_ratio} (every label other "
+                     "than 0 has that fraction of label 0's rows); test stays stratified.")
+    return lines
 
 
 def _md_table(header: list[str], rows: list[list[str]]) -> str:
@@ -384,6 +444,7 @@ def _text(value: Any) -> str:
 
 def render_markdown(config: BenchmarkConfig, summary: RunSummary, plots: list[Path]) -> str:
     failed = summary.failed
+    full, summary = summary, platform_view(summary, config)  # platforms compare on one strategy
     parts = [
         f"# Distributed training benchmark: {summary.run}",
         f"Profile `{config.profile}`, {config.epochs} epochs, batch {config.batch_size} "
@@ -398,6 +459,8 @@ def render_markdown(config: BenchmarkConfig, summary: RunSummary, plots: list[Pa
         "training-phase time (no evaluation, no checkpoints) until the first epoch at or above the target "
         "accuracy on the validation split (repeats that reached it in brackets); test accuracy is "
         "measured once, after training. 'resumed': repeats that needed more than one attempt.",
+        *(["## Training strategies", "\n".join(_strategy_lines(full, config))]
+          if len(config.strategies) > 1 or not config.strategies[0].is_default else []),
         "## Beside the published study", "\n".join(_study_lines(summary)),
         "## Where the time goes", "\n".join(_phase_lines(summary)),
         "## Training setup", "\n".join(_batch_policy_lines(config)),
@@ -428,8 +491,10 @@ def render_html(markdown_text: str, report_dir: Path) -> str:
 
 def build_report(config: BenchmarkConfig, paths: RunPaths) -> dict[str, Any]:
     """Write report.md, report.html and the plots; returns the written paths."""
-    summary = read_summary(paths)
-    results = [r for r in read_cells(config, paths).values() if isinstance(r, CellResult)]
+    full = read_summary(paths)
+    summary = platform_view(full, config)  # the plots compare platforms on the run's first strategy
+    first = config.strategies[0].name
+    results = [r for r in read_cells(config, paths).values() if isinstance(r, CellResult) and r.strategy == first]
     paths.report.mkdir(parents=True, exist_ok=True)
     plots = [
         plot_time_vs_workers(summary, paths.plot("time_vs_workers")),
@@ -438,7 +503,7 @@ def build_report(config: BenchmarkConfig, paths: RunPaths) -> dict[str, Any]:
         plot_overhead(summary, paths.plot("overhead_vs_ddp")),
         plot_phases(summary, paths.plot("phases")),
     ]
-    md = render_markdown(config, summary, plots)
+    md = render_markdown(config, full, plots)
     atomic_write_text(paths.report_markdown, md)
     atomic_write_text(paths.report_html, render_html(md, paths.report))
     log.info("report written to %s", paths.report)

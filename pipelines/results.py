@@ -76,13 +76,24 @@ class TimedWindow(BaseModel):
 
 
 class CellResult(BaseModel):
-    """One training cell = (backend, world size, repeat)."""
+    """One training cell = (backend, strategy, world size, repeat)."""
 
     model_config = ConfigDict(extra="forbid")
 
     backend: Backend
     world_size: int
     repeat: int = 0
+    # --- training strategy (pipelines.config.TrainingStrategy) ---------------------------------
+    strategy: str = "default"  # its canonical name; the fields below are its settings
+    comm_hook: str = "none"
+    powersgd_rank: int | None = None  # only with comm_hook=powersgd
+    sync_every: int = 1
+    sharding: str = "ddp"
+    imbalance: str = "none"
+    # payload this rank handed to gradient / parameter collectives per optimizer step, averaged
+    # over training (comm hook buckets after compression, local SGD's parameter averaging);
+    # None where not measured (one worker, FSDP). Wire bytes of a ring all-reduce are ~2(W-1)/W of it.
+    comm_bytes_per_step: float | None = None
     status: Literal["ok", "failed"] = "ok"
     error: str | None = None  # why the cell failed, for the report
     device: str = "cpu"  # e.g. "cpu", "cuda:NVIDIA H200"

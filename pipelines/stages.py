@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.config import Backend, BenchmarkConfig, load_config, read_config, save_config
-from pipelines.paths import CellPaths, RunPaths, safe_run_id
+from pipelines.paths import DEFAULT_STRATEGY, CellPaths, RunPaths, safe_run_id
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +80,8 @@ def data_stage(run_dir: str) -> dict:
     }
 
 
-def planned_cells(run_dir: str) -> list[tuple[Backend, int, int]]:
-    """Every (backend, workers, repeat) of the run (Backend is a str: JSON-friendly for Airflow)."""
+def planned_cells(run_dir: str) -> list[tuple[Backend, str, int, int]]:
+    """Every (backend, strategy, workers, repeat) of the run (Backend is a str: JSON-friendly)."""
     config, _ = _load(run_dir)
     return config.cells()
 
@@ -101,8 +101,10 @@ def completed_result(cell: CellPaths):
 
 
 def train_cell(run_dir: str, backend: Backend, workers: int, repeat: int = 0,
-               node_rank: int | None = None, force: bool = False) -> dict:
-    """Train one (backend, workers, repeat) cell; writes cells/<cell>/result.json.
+               node_rank: int | None = None, force: bool = False, strategy: str = DEFAULT_STRATEGY) -> dict:
+    """Train one (backend, strategy, workers, repeat) cell; writes cells/<cell>/result.json.
+
+    ``strategy``: the name of one of the run's ``strategies`` (``"default"``, ``"powersgd-r2"``).
 
     A cell that already finished is skipped (its result stands); ``force`` deletes the cell
     folder and trains it from scratch. An unfinished cell resumes from its last checkpoint
@@ -114,7 +116,8 @@ def train_cell(run_dir: str, backend: Backend, workers: int, repeat: int = 0,
     from pipelines.tracking import cell_tracking
 
     config, paths = _load(run_dir)
-    cell = paths.cell(backend, workers, repeat)
+    config.strategy(strategy)  # a name the run does not have is refused before anything happens
+    cell = paths.cell(backend, workers, repeat, strategy)
     if force:
         shutil.rmtree(cell.root, ignore_errors=True)
     elif (done := completed_result(cell)) is not None:
@@ -124,10 +127,10 @@ def train_cell(run_dir: str, backend: Backend, workers: int, repeat: int = 0,
         config = config.model_copy(update={"ddp_node_rank": node_rank})
     with terminate_tree_on_signal():  # SIGTERM/SIGINT: no orphan keeps training, the cell fails
         if config.ddp_node_rank > 0:  # node 0 tracks the cell; other nodes only lend processes
-            result = run_cell(config, paths, backend, workers, repeat)
+            result = run_cell(config, paths, backend, workers, repeat, strategy)
         else:
-            with cell_tracking(config, paths, backend, workers, repeat):
-                result = run_cell(config, paths, backend, workers, repeat)
+            with cell_tracking(config, paths, backend, workers, repeat, strategy):
+                result = run_cell(config, paths, backend, workers, repeat, strategy)
     return {"cell": cell.name, "status": result.status, "total_seconds": result.total_seconds,
             "skipped": False}
 

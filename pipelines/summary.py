@@ -41,6 +41,7 @@ class CellRow(BaseModel):
 
     cell: str
     backend: Backend
+    strategy: str = "default"  # pipelines.config.TrainingStrategy.name
     workers: int
     repeat: int
     status: Literal["ok", "failed"]
@@ -70,14 +71,19 @@ class CellRow(BaseModel):
     window_start: float | None = None  # the timed window (host lock held)
     window_end: float | None = None
     phases: dict[str, float] = Field(default_factory=dict)  # CellResult.phases
+    comm_bytes_per_step: float | None = None  # CellResult.comm_bytes_per_step
+    recall_per_class: list[float] = Field(default_factory=list)  # test recall of label 0..K-1
 
 
 class Aggregate(BaseModel):
-    """Statistics over the repeats of one (backend, workers)."""
+    """Statistics over the repeats of one (backend, strategy, workers)."""
 
-    key: str  # "<backend>-w<N>"
+    key: str  # "<backend>-w<N>" (default strategy) or "<backend>-<strategy>-w<N>"
     backend: Backend
+    strategy: str = "default"
     workers: int
+    comm_bytes_per_step: float | None = None  # median over the repeats
+    recall_per_class: list[float] = Field(default_factory=list)  # median test recall per label
     repeats: int
     repeats_ok: int
     repeats_failed: int

@@ -40,7 +40,7 @@ from typing import Any, Iterator
 
 from pipelines.config import Backend, BenchmarkConfig
 from pipelines.fileio import atomic_write_json
-from pipelines.paths import PROJECT_ROOT, CellPaths, RunPaths
+from pipelines.paths import DEFAULT_STRATEGY, PROJECT_ROOT, CellPaths, RunPaths
 from pipelines.results import CellResult
 from pipelines.summary import read_summary
 
@@ -229,11 +229,11 @@ def ensure_parent_run(client, config: BenchmarkConfig, paths: RunPaths) -> tuple
 
 
 def ensure_cell_run(client, config: BenchmarkConfig, paths: RunPaths, backend: Backend,
-                    workers: int, repeat: int) -> str:
+                    workers: int, repeat: int, strategy: str = DEFAULT_STRATEGY) -> str:
     """The nested run of one cell (reused across retries and re-logging)."""
     exp_id, parent_id = ensure_parent_run(client, config, paths)
     uri = config.resolved_tracking_uri()
-    cell = paths.cell(backend, workers, repeat)
+    cell = paths.cell(backend, workers, repeat, strategy)
     ids = _read_ids(cell.mlflow_run)
     entry = ids.get(uri, {})
     if entry.get("parent_run_id") == parent_id and _live_run(client, entry.get("run_id")):
@@ -241,7 +241,7 @@ def ensure_cell_run(client, config: BenchmarkConfig, paths: RunPaths, backend: B
     backend = Backend(backend)
     run = client.create_run(exp_id, run_name=cell.name, tags={
         "mlflow.parentRunId": parent_id, TAG_ROLE: "cell", "profile": config.profile,
-        "backend": backend.value, "workers": str(workers), "repeat": str(repeat),
+        "backend": backend.value, "workers": str(workers), "repeat": str(repeat), "strategy": strategy,
         "host": socket.gethostname(), "git_commit": _git_commit(),
         "torch_version": _version("torch"), "transformers_version": _version("transformers"),
     })
@@ -296,8 +296,10 @@ def log_cell_result(client, run_id: str, cell: CellPaths) -> CellResult | None:
         final.update({f"test_{k}": getattr(result.test, k)
                       for k in ("accuracy", "f1", "precision", "recall", "loss")})
     final.update({f"phase_{name}_seconds": seconds for name, seconds in result.phases.items()})
+    if result.comm_bytes_per_step is not None:
+        final["comm_bytes_per_step"] = result.comm_bytes_per_step
     metrics += [Metric(k, float(v), now, 0) for k, v in final.items()]
-    tags = {"device": result.device, "model_source": result.model_source or "unknown",
+    tags = {"device": result.device, "strategy": result.strategy, "model_source": result.model_source or "unknown",
             "cell_status": result.status, "resumed_from_epoch": str(result.resumed_from_epoch),
             **{f"version.{k}": v for k, v in result.versions.items()}}
     if result.host:
@@ -331,18 +333,18 @@ def log_cell_result(client, run_id: str, cell: CellPaths) -> CellResult | None:
 
 @contextlib.contextmanager
 def cell_tracking(config: BenchmarkConfig, paths: RunPaths, backend: Backend, workers: int,
-                  repeat: int = 0) -> Iterator[str | None]:
+                  repeat: int = 0, strategy: str = DEFAULT_STRATEGY) -> Iterator[str | None]:
     """Wrap the training of one cell; yields the nested run id (None if tracking is off)."""
     import mlflow
 
-    cell = paths.cell(backend, workers, repeat)
+    cell = paths.cell(backend, workers, repeat, strategy)
     client, run_id = None, None
     # mlflow.set_tracking_uri exports MLFLOW_TRACKING_URI to the process: put it back after,
     # so this cell's store never becomes the default of configs built later in the process.
     previous_env = os.environ.get("MLFLOW_TRACKING_URI")
     try:
         client = client_for(config)
-        run_id = ensure_cell_run(client, config, paths, backend, workers, repeat)
+        run_id = ensure_cell_run(client, config, paths, backend, workers, repeat, strategy)
         mlflow.set_tracking_uri(config.resolved_tracking_uri())
         mlflow.set_system_metrics_sampling_interval(SYSTEM_METRICS_INTERVAL_S)
         # resuming the run we created keeps its parent tag; a retry reuses the same run
@@ -398,9 +400,9 @@ def log_benchmark(config: BenchmarkConfig, paths: RunPaths) -> dict[str, Any]:
     _, parent_id = ensure_parent_run(client, config, paths)
 
     cell_ids: dict[str, str] = {}
-    for backend, workers, repeat in config.cells():
-        cell = paths.cell(backend, workers, repeat)
-        run_id = ensure_cell_run(client, config, paths, backend, workers, repeat)
+    for backend, strategy, workers, repeat in config.cells():
+        cell = paths.cell(backend, workers, repeat, strategy)
+        run_id = ensure_cell_run(client, config, paths, backend, workers, repeat, strategy)
         cell_ids[cell.name] = run_id
         try:
             result = log_cell_result(client, run_id, cell)

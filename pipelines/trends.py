@@ -270,7 +270,7 @@ METRICS = (
 
 def _series_label(agg: dict[str, Any]) -> str:
     workers = agg.get("workers")
-    strategy = f" ({agg['strategy']})" if agg.get("strategy") else ""
+    strategy = f" ({agg['strategy']})" if agg.get("strategy") not in (None, "", "default") else ""
     return f"{agg.get('backend')}{strategy}, {workers} worker{'s' if workers != 1 else ''}"
 
 

@@ -81,7 +81,7 @@ def write_history(root: Path, nights: int, profile: str = "nightly", *, now: dat
         fields.update((config_changes or {}).get(night, {}))
         config = load_config(profile, fields)
         save_config(config, paths.config)
-        for backend, workers, repeat in config.cells():
+        for backend, _strategy, workers, repeat in config.cells():
             slow = 1.0 + (drift * night if backend.value == "spark" else 0.0)
             if backend.value == "ddp":
                 slow *= slow_nights.get(night, 1.0)

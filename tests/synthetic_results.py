@@ -73,12 +73,13 @@ def write_synthetic_run(config: BenchmarkConfig, name: str = "run-a", skip: tupl
                    for split, n, c in (("train", 200, "a"), ("test", 100, "b"))},
     }))
     results = {}
-    for backend, workers, repeat in config.cells():
-        cell = paths.cell(backend, workers, repeat)
+    for backend, strategy, workers, repeat in config.cells():
+        cell = paths.cell(backend, workers, repeat, strategy)
         if cell.name in skip:
             continue
         result = make_result(backend.value, workers, repeat,
                              status="failed" if cell.name in failed else "ok", **kwargs)
+        result = result.model_copy(update=config.strategy(strategy).result_fields())
         if result.status == "ok":
             (cell.checkpoints / "final").mkdir(parents=True, exist_ok=True)
             (cell.checkpoints / "final/model.pt").write_bytes(b"weights" * 64)

@@ -53,7 +53,7 @@ def test_set_options_and_round_trip(tmp_path):
 
 def test_cells_cover_every_backend_worker_repeat():
     cfg = load_config("smoke", {"repeats": 2, "backends": ["ddp", "spark"], "worker_counts": [1, 2]})
-    assert len(cfg.cells()) == 8 and cfg.cells()[0] == (Backend.DDP, 1, 0)
+    assert len(cfg.cells()) == 8 and cfg.cells()[0] == (Backend.DDP, "default", 1, 0)
 
 
 def test_tracking_uri_is_never_the_working_directory(monkeypatch, tmp_path):

@@ -28,7 +28,7 @@ def write_run(make_config, root, run_id, profile="smoke", accuracy=0.61, report=
                          repeats=1)
     paths = RunPaths(root / run_id)
     save_config(config, paths.config)
-    for backend, workers, repeat in config.cells():
+    for backend, _strategy, workers, repeat in config.cells():
         failed = backend == Backend.SPARK and workers == 2
         CellResult(
             backend=backend, world_size=workers, repeat=repeat,

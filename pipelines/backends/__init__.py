@@ -3,7 +3,7 @@
     from pipelines.backends import run_cell
     result = run_cell(config, paths, Backend.DDP, workers=2, repeat=0)
 
-``run_cell`` writes ``cells/<backend>-w<N>-r<repeat>/result.json``; on failure it writes a
+``run_cell`` writes ``cells/<backend>[-<strategy>]-w<N>-r<repeat>/result.json``; on failure it writes a
 result with ``status="failed"`` and the reason, then re-raises. Adding a backend (Ray Train)
 = one member in ``pipelines.config.Backend`` (the registration) + the module
 ``pipelines/backends/<member value>.py`` defining one ``TrainingBackend`` subclass. Heavy
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from pipelines import attempts
 from pipelines.config import Backend, BenchmarkConfig
-from pipelines.paths import RunPaths
+from pipelines.paths import DEFAULT_STRATEGY, RunPaths
 from pipelines.results import CellResult
 
 if TYPE_CHECKING:
@@ -42,20 +42,40 @@ def get_backend(backend: Backend) -> "TrainingBackend":
 
 
 def run_cell(config: BenchmarkConfig, paths: RunPaths, backend: Backend, workers: int,
-             repeat: int = 0) -> CellResult:
-    """Train one cell; always leaves a result.json (ok or failed) in the cell folder."""
-    cell = paths.cell(backend, workers, repeat)
+             repeat: int = 0, strategy: str = DEFAULT_STRATEGY) -> CellResult:
+    """Train one cell; always leaves a result.json (ok or failed) in the cell folder.
+
+    ``strategy`` names one of ``config.strategies``; a strategy the backend cannot run at this
+    worker count is refused (``UnsupportedStrategy``, recorded as the cell's failure) before
+    the cell starts."""
+    cell = paths.cell(backend, workers, repeat, strategy)
     try:
-        return get_backend(backend).run(config, workers, paths=paths, cell=cell, repeat=repeat)
+        return get_backend(backend).run(config, workers, paths=paths, cell=cell, repeat=repeat,
+                                        strategy=strategy)
     except BaseException as err:  # KeyboardInterrupt / task kill too: record why, then re-raise
         reason = f"{type(err).__name__}: {err}".strip()
         log.error("cell %s failed: %s\n%s", cell.name, reason, traceback.format_exc())
         history = attempts.read(cell)
+        known = {s.name: s for s in config.strategies}
         CellResult(backend=backend, world_size=workers, repeat=repeat, status="failed",
+                   **(known[strategy].result_fields() if strategy in known else {"strategy": strategy}),
                    error=reason[-4000:], model_name=config.model_source,
                    seed=config.seed + repeat, max_seq_len=config.max_seq_len,
                    attempts=history, **attempts.totals(history)).write(cell.result)
         raise
 
 
-__all__ = ["Backend", "get_backend", "run_cell"]
+def strategy_refusals(config: BenchmarkConfig) -> list[str]:
+    """Why each (backend, strategy, workers) cell of the run cannot run, before any work."""
+    out = []
+    for backend in config.backends:
+        adapter = get_backend(backend)
+        for strategy in config.strategies:
+            for workers in sorted({n for b, s, n, _ in config.cells() if b == backend and s == strategy.name}):
+                reason = adapter.strategy_refusal(strategy, workers)
+                if reason:
+                    out.append(reason)
+    return out
+
+
+__all__ = ["Backend", "get_backend", "run_cell", "strategy_refusals"]

@@ -20,7 +20,7 @@ from typing import ClassVar
 
 from pipelines import attempts, tensorboard
 from pipelines.cell import CellSpec
-from pipelines.config import Backend, BenchmarkConfig
+from pipelines.config import Backend, BenchmarkConfig, TrainingStrategy
 from pipelines.data.manifest import read_manifest, task_labels
 from pipelines.paths import CellPaths, RunPaths
 from pipelines.results import CellResult, TimedWindow
@@ -38,6 +38,10 @@ def cell_phases(result: CellResult, history: list) -> dict[str, float]:
                            earlier_attempts_seconds=sum((a.end or a.start) - a.start for a in history[:-1]))
 
 
+class UnsupportedStrategy(ValueError):
+    """A training strategy this backend cannot run (or that does not apply at this worker count)."""
+
+
 class TrainingBackend(ABC):
     """``run(config, world_size, paths=..., cell=...) -> CellResult``."""
 
@@ -46,20 +50,43 @@ class TrainingBackend(ABC):
     # reads the token shards through the shared loop; "dataframe" = through Spark (spark_dataframe)
     data_feed: ClassVar[str] = "files"
 
+    def strategy_refusal(self, strategy: TrainingStrategy, world_size: int) -> str | None:
+        """Why this backend cannot run ``strategy`` on ``world_size`` workers, or None.
+
+        The shared loop (``pipelines.training.loop``) runs every strategy; a backend whose
+        framework wraps the model itself narrows this. bf16 compression needs NCCL (GPU hosts):
+        gloo refuses it in the first step, so it is refused here instead."""
+        if world_size == 1 and strategy.needs_process_group:
+            return (f"strategy {strategy.name!r} on {self.name} with 1 worker: not applicable (comm hooks, "
+                    "local SGD and FSDP shape how ranks communicate; a single worker has no one to talk to)")
+        if strategy.comm_hook == "bf16" and not _has_gpus():
+            return (f"strategy {strategy.name!r} on {self.name}: bf16 gradient compression needs NCCL on GPUs "
+                    "(torch's bf16_compress_hook refuses gloo); use fp16 on CPU hosts")
+        return None
+
+    def check_strategy(self, strategy: TrainingStrategy, world_size: int) -> None:
+        reason = self.strategy_refusal(strategy, world_size)
+        if reason:
+            raise UnsupportedStrategy(reason)
+
     def spec(self, config: BenchmarkConfig, world_size: int, paths: RunPaths, cell: CellPaths,
-             repeat: int) -> CellSpec:
+             repeat: int, strategy: str | None = None) -> CellSpec:
         """The cell's contract: the config it trains with (``for_cell``: seed + repeat, batch
-        policy, scaled learning rate); the label set comes from the snapshot manifest."""
-        return CellSpec(config=config.for_cell(world_size, repeat), run_root=Path(paths.root),
+        policy, scaled learning rate, its one strategy); the label set comes from the snapshot
+        manifest. A strategy this backend cannot run is refused here, before anything starts."""
+        cell_config = config.for_cell(world_size, repeat, strategy)
+        self.check_strategy(cell_config.strategy(), world_size)
+        return CellSpec(config=cell_config, run_root=Path(paths.root),
                         cell_dir=cell.root, backend=self.name, world_size=world_size, repeat=repeat,
                         labels=task_labels(read_manifest(paths)))
 
     def run(self, config: BenchmarkConfig, world_size: int, *, paths: RunPaths,
-            cell: CellPaths | None = None, repeat: int = 0) -> CellResult:
+            cell: CellPaths | None = None, repeat: int = 0, strategy: str | None = None) -> CellResult:
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
-        cell = cell or paths.cell(self.name, world_size, repeat)
-        spec = self.spec(config, world_size, paths, cell, repeat)  # bad input fails before the lock
+        strategy = strategy or config.strategies[0].name
+        cell = cell or paths.cell(self.name, world_size, repeat, strategy)
+        spec = self.spec(config, world_size, paths, cell, repeat, strategy)  # bad input fails before the lock
         with attempts.host_lock() as waited:
             attempt = attempts.begin(cell, lock_wait_seconds=waited)
             launch_time = attempt.start
@@ -80,6 +107,7 @@ class TrainingBackend(ABC):
         result = result.model_copy(update={
             "backend": self.name, "repeat": repeat, "attempts": history, **attempts.totals(history),
             "phases": cell_phases(result, history),
+            **spec.config.strategy().result_fields(),
             "timed_window": TimedWindow(start=launch_time, end=history[-1].end, lock_wait_seconds=waited),
             "versions": {**result.versions, **self.versions()}, "data_feed": self.data_feed,
             **self.platform_fields(spec),
@@ -103,3 +131,14 @@ class TrainingBackend(ABC):
         """Backend-specific CellResult fields: ``platform_mode`` (how the platform ran, so a local
         mode is never read as a cluster's overhead) and e.g. how Spark's session was started."""
         return {}
+
+
+def _has_gpus() -> bool:
+    """CUDA GPUs on this host (nvidia-smi; no torch import in the adapter)."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("nvidia-smi"):
+        return False
+    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False)
+    return any(line.startswith("GPU ") for line in out.stdout.splitlines())

@@ -162,12 +162,14 @@ class DDPBackend(TrainingBackend):
     name = Backend.DDP
 
     def run(self, config: BenchmarkConfig, world_size: int, *, paths: RunPaths,
-            cell: CellPaths | None = None, repeat: int = 0) -> CellResult:
+            cell: CellPaths | None = None, repeat: int = 0, strategy: str | None = None) -> CellResult:
         nproc_per_node(config, world_size)  # refuse a bad split before anything is written
-        cell = cell or paths.cell(self.name, world_size, repeat)
-        self.spec(config, world_size, paths, cell, repeat)  # every node: missing inputs fail before the rendezvous
+        strategy = strategy or config.strategies[0].name
+        cell = cell or paths.cell(self.name, world_size, repeat, strategy)
+        # every node: missing inputs and unsupported strategies fail before the rendezvous
+        self.spec(config, world_size, paths, cell, repeat, strategy)
         if config.ddp_node_rank == 0:
-            return super().run(config, world_size, paths=paths, cell=cell, repeat=repeat)
+            return super().run(config, world_size, paths=paths, cell=cell, repeat=repeat, strategy=strategy)
         return self._run_secondary_node(config, world_size, cell)
 
     def _run_secondary_node(self, config: BenchmarkConfig, world_size: int, cell: CellPaths) -> CellResult:

@@ -22,7 +22,7 @@ from pathlib import Path
 from pipelines.backends import ddp
 from pipelines.backends.base import TrainingBackend
 from pipelines.cell import CellSpec
-from pipelines.config import Backend, BenchmarkConfig
+from pipelines.config import Backend, BenchmarkConfig, TrainingStrategy
 from pipelines.fileio import atomic_write_json
 from pipelines.paths import PROJECT_ROOT
 
@@ -107,6 +107,23 @@ def submit_experiment(conf: dict, master: str) -> int:
 
 class DeterminedBackend(TrainingBackend):
     name = Backend.DETERMINED
+
+    def strategy_refusal(self, strategy: TrainingStrategy, world_size: int) -> str | None:
+        """The Trainer wraps the model in its own DDP (``context.wrap_model``) and steps the
+        optimizer itself: no comm hook, local SGD or FSDP can be put in; imbalance strategies
+        (sampler, loss weights) are the trial's own and run."""
+        reason = super().strategy_refusal(strategy, world_size)
+        if reason:
+            return reason
+        unsupported = [f"{k}={getattr(strategy, k)}" for k, default in
+                       (("comm_hook", "none"), ("sync_every", 1), ("sharding", "ddp"))
+                       if getattr(strategy, k) != default]
+        if unsupported:
+            return (f"strategy {strategy.name!r} on determined: {', '.join(unsupported)} cannot run there: "
+                    "det.pytorch.Trainer wraps the model in its own DistributedDataParallel and steps the "
+                    "optimizer itself, so comm hooks, local SGD and FSDP cannot be applied (imbalance "
+                    "strategies can). Drop the strategy or the determined backend from this run")
+        return None
 
     def launch(self, spec: CellSpec, launch_time: float) -> None:
         cfg = spec.config

@@ -195,16 +195,35 @@ def _allocate(counts: pd.Series, n: int) -> dict:
     return alloc.to_dict()
 
 
-def sample_split(frame: pd.DataFrame, n: int | None, seed: int, stream: int) -> tuple[pd.DataFrame, bool]:
+def imbalanced_shares(labels: list, class_ratio: float) -> pd.Series:
+    """Target share per label: the smallest label gets 1 part, every other ``class_ratio`` parts."""
+    first = min(labels)
+    return pd.Series({k: 1.0 if k == first else class_ratio for k in labels})
+
+
+def sample_split(frame: pd.DataFrame, n: int | None, seed: int, stream: int,
+                 class_ratio: float | None = None) -> tuple[pd.DataFrame, bool]:
     """Seeded stratified sample of ``n`` rows (all rows if None or more than exist), shuffled.
 
+    ``class_ratio`` (config, train only): an imbalanced sample on purpose, every label other
+    than the smallest gets ``class_ratio`` times its rows (as many rows as the classes allow).
     Returns (sample, stratified). Without a ``label`` column the draw is plain random.
     """
     rng = np.random.default_rng([seed, stream])  # one stream per split: train/test independent
     frame = frame.reset_index(drop=True)
     take = len(frame) if n is None else min(n, len(frame))
     stratified = "label" in frame.columns
-    if take == len(frame):
+    if class_ratio is not None and stratified:
+        groups = frame.groupby("label", dropna=False, sort=False).indices
+        keys = list(groups)
+        shares = imbalanced_shares(keys, class_ratio)
+        # the most rows the smallest-share-adjusted classes allow, at most ``take``
+        room = min(len(groups[k]) / (shares[k] / shares.sum()) for k in keys)
+        alloc = _allocate(shares.rename(index=dict(zip(keys, range(len(keys))))), int(min(take, room)))
+        picked = np.concatenate(
+            [rng.choice(groups[k], size=alloc[i], replace=False) for i, k in enumerate(keys)]
+        )
+    elif take == len(frame):
         picked = np.arange(len(frame))
     elif stratified:
         groups = frame.groupby("label", dropna=False, sort=False).indices  # label -> positions
@@ -271,7 +290,8 @@ def ingest(config: BenchmarkConfig, paths: RunPaths) -> dict:
     samples, facts = {}, {}
     for stream, split in enumerate(SPLITS):
         raw = frames[split]
-        sample, stratified = sample_split(raw, requested[split], config.seed, stream)
+        ratio = config.class_ratio if split == "train" else None  # test stays as the source is
+        sample, stratified = sample_split(raw, requested[split], config.seed, stream, ratio)
         samples[split] = _normalise(sample)
         if requested[split] is not None and requested[split] > len(raw):
             log.warning("%s: asked for %d rows, source has %d: taking all", split, requested[split], len(raw))
@@ -302,6 +322,7 @@ def ingest(config: BenchmarkConfig, paths: RunPaths) -> dict:
         "train_samples": config.train_samples,
         "test_samples": config.test_samples,
         "validation_fraction": config.validation_fraction,
+        **({"class_ratio": config.class_ratio} if config.class_ratio is not None else {}),
         "splits": splits,
         # the task: the train split's label set (validate_snapshot checks it is 0..K-1)
         "labels": labels,

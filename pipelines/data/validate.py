@@ -160,8 +160,11 @@ def failures_of(split: str, result: dict) -> list[dict]:
         else:
             observed = _short(res)
         expected = {k: v for k, v in kwargs.items() if k not in ("column", "column_A", "column_B")}
-        out.append({"split": split, "expectation": cfg["type"], "column": column,
-                    "observed": observed, "expected": _short(expected) if expected else ""})
+        failure = {"split": split, "expectation": cfg["type"], "column": column,
+                   "observed": observed, "expected": _short(expected) if expected else ""}
+        if (cfg.get("meta") or {}).get("notes"):  # what the bound means and how to change it
+            failure["note"] = str(cfg["meta"]["notes"])
+        out.append(failure)
     return out
 
 
@@ -185,6 +188,7 @@ def _finish(paths: RunPaths, context, stage: str, results: dict[str, dict], extr
         lines = [
             f"  - {f['split']}: {f['expectation']} on {f['column']}: observed {f['observed']}"
             + (f" (expected {f['expected']})" if f["expected"] else "")
+            + (f": {f['note']}" if f.get("note") else "")
             for f in failures
         ]
         raise DataValidationError(
@@ -209,10 +213,18 @@ def expected_labels(manifest: dict) -> list[int]:
         return list(range(max(count, 2)))
 
 
-def class_share_bound(config: BenchmarkConfig, num_classes: int) -> float:
+def class_share_bound(config: BenchmarkConfig, num_classes: int, split: str = "test") -> float:
     """Smallest allowed share of one class: ``min_class_fraction`` is the bound for two classes,
-    scaled to K classes (0.4 for 2 classes -> 0.267 for 3)."""
-    return config.min_class_fraction * 2 / num_classes
+    scaled to K classes (0.4 for 2 classes -> 0.267 for 3).
+
+    A train split made imbalanced on purpose (``class_ratio``) is held to the share the ratio
+    asks for instead (ratio / (1 + (K-1) ratio), less 10 % for rounding), so the contract still
+    catches a train split even more skewed than requested; test keeps ``min_class_fraction``."""
+    bound = config.min_class_fraction * 2 / num_classes
+    if split == "train" and config.class_ratio is not None:
+        intended = config.class_ratio / (1 + (num_classes - 1) * config.class_ratio)
+        return min(bound, 0.9 * intended)
+    return bound
 
 
 def class_frame(frame: pd.DataFrame, labels: list[int]) -> pd.DataFrame:
@@ -222,10 +234,16 @@ def class_frame(frame: pd.DataFrame, labels: list[int]) -> pd.DataFrame:
     return pd.DataFrame({"label": labels, "share": [float(counts.get(k, 0)) / total for k in labels]})
 
 
-def class_expectations(config: BenchmarkConfig, labels: list[int]) -> list:
+def class_expectations(config: BenchmarkConfig, labels: list[int], split: str = "test") -> list:
     import great_expectations.expectations as gxe
 
-    return [gxe.ExpectColumnValuesToBeBetween(column="share", min_value=class_share_bound(config, len(labels)))]
+    bound = class_share_bound(config, len(labels), split)
+    note = ("" if split != "train" or config.class_ratio is None
+            else f" (class_ratio={config.class_ratio}: train imbalanced on purpose)")
+    if split == "train" and config.class_ratio is None:
+        note = " (an imbalanced train split on purpose: set class_ratio, which relaxes this bound for train)"
+    return [gxe.ExpectColumnValuesToBeBetween(column="share", min_value=bound,
+                                              meta={"notes": f"every class holds >= {bound:.3f} of {split}{note}"})]
 
 
 def snapshot_expectations(config: BenchmarkConfig, expected_rows: int, labels: list[int]) -> list:
@@ -320,7 +338,7 @@ def validate_snapshot(config: BenchmarkConfig, paths: RunPaths) -> dict:
         # class balance: each of the task's classes holds at least its share of the split
         results[f"{split}_classes"] = _run_suite(context, paths, "snapshot", f"{split}_classes",
                                                  class_frame(frames[split], labels),
-                                                 class_expectations(config, labels))
+                                                 class_expectations(config, labels, split))
     # the data contract: no leakage into test, few duplicates, the rows and classes asked for
     contract = contract_frame(frames, manifest, labels)
     results["contract"] = _run_suite(context, paths, "snapshot", "contract", contract,

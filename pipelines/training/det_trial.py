@@ -134,7 +134,11 @@ class BenchmarkTrial(dtorch.PyTorchTrial):
         # the same hook timer as the shared loop (the "communication" phase)
         self.comm_timer = CommTimer()
         self.model = time_ddp_communication(context.wrap_model(model), self.comm_timer)
-        self.loader = loop.train_loader(self.train_set, cfg, self.env)
+        # imbalance strategies (the only ones Determined's Trainer can take: pipelines.backends.determined)
+        imbalance = cfg.strategy().imbalance
+        counts = loop.train_class_counts(self.spec) if imbalance != "none" else None
+        self.class_weights = loop.strategies.class_weights(counts) if imbalance == "weighted_loss" else None
+        self.loader = loop.train_loader(self.train_set, cfg, self.env, counts)
         optimizer, scheduler = loop.build_optimizer(model, cfg, len(self.loader) * cfg.epochs)
         self.optimizer = context.wrap_optimizer(optimizer)
         self.scheduler = context.wrap_lr_scheduler(
@@ -158,7 +162,7 @@ class BenchmarkTrial(dtorch.PyTorchTrial):
         return {"epoch_recorder": self.recorder}
 
     def train_batch(self, batch, epoch_idx: int, batch_idx: int) -> dict:
-        loss, logits, labels = loop.forward(self.model, batch, self.env.device)
+        loss, logits, labels = loop.forward(self.model, batch, self.env.device, self.class_weights)
         self.context.backward(loss)
         self.context.step_optimizer(self.optimizer)
         if self.env.is_main and batch_idx % 8 == 0:  # a killed attempt's end

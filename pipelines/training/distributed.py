@@ -4,12 +4,14 @@ The shared loop (``pipelines.training.loop.run_training``) never decides these i
 a ``Distributed`` object. The default, ``TorchDistributed``, is what torchrun-started ranks need
 (torchrun and TorchDistributor set RANK / LOCAL_RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT):
 join the group (nccl on GPU, gloo on CPU) unless one exists, wrap the model in
-``DistributedDataParallel`` (its all-reduce timed by ``comm_timer``: the "communication"
-phase), leave the loaders alone, and destroy the group at the end only if
+``DistributedDataParallel`` (the loop registers the strategy's comm hook on it, timed by
+``comm_timer``: the "communication" phase), leave the loaders alone, and destroy the group at the end only if
 it created it (``optimizer_options``: extra AdamW arguments, none by default). A framework
 that owns these (Ray Train's ``prepare_model`` /
-``prepare_data_loader`` and its process group, FSDP's ``fully_shard``) subclasses it and
-overrides the step it owns, without copying the loop:
+``prepare_data_loader`` and its process group) subclasses it and overrides the step it owns,
+without copying the loop. Training strategies (``pipelines.training.strategies``) plug in
+here too: ``sharding=fsdp`` calls ``shard_model`` instead of ``wrap_model``; comm hooks and
+local SGD are registered on whatever DDP module ``wrap_model`` returns:
 
     class RayTrainDistributed(TorchDistributed):      # pipelines.training.ray_worker
         def ranks(self): ...                          # from ray.train.get_context()
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from pipelines.training.phases import CommTimer, time_ddp_communication
+from pipelines.training.phases import CommTimer
 
 
 @dataclass(frozen=True)
@@ -135,9 +137,16 @@ class TorchDistributed:
         """The module the training steps call; its parameters must be ``model``'s."""
         if env.world_size == 1:
             return model
-        ddp = torch.nn.parallel.DistributedDataParallel(
+        # the loop registers the strategy's comm hook on it, timed by ``comm_timer``
+        return torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[env.local_rank] if env.device.type == "cuda" else None)
-        return time_ddp_communication(ddp, self.comm_timer)
+
+    def shard_model(self, model: torch.nn.Module, env: DistEnv) -> torch.nn.Module:
+        """Strategy ``sharding=fsdp`` (instead of ``wrap_model``): FSDP2 ``fully_shard`` in place;
+        the loop builds the optimizer after it, over the sharded parameters."""
+        from pipelines.training.strategies import shard_model
+
+        return shard_model(model)
 
     def prepare_loader(self, loader, env: DistEnv):
         return loader

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import math
 import os
 import platform
 import resource
@@ -43,6 +44,7 @@ from pipelines.metrics import classification_metrics
 from pipelines.paths import CellPaths, RunPaths
 from pipelines.results import CellResult, TestMetrics
 from pipelines.training import checkpoint as ckpt
+from pipelines.training import strategies
 from pipelines.training.distributed import (
     DistEnv,
     TorchDistributed,
@@ -64,11 +66,34 @@ def load_split(paths: RunPaths, split: str) -> TensorDataset:
     return TensorDataset(torch.from_numpy(ids), torch.from_numpy(mask), torch.from_numpy(labels))
 
 
-def train_loader(dataset: TensorDataset, config: BenchmarkConfig, env: DistEnv) -> DataLoader:
-    """Seeded shuffling identical under every launcher; call ``sampler.set_epoch`` per epoch."""
-    sampler = DistributedSampler(dataset, num_replicas=env.world_size, rank=env.rank,
-                                 shuffle=True, seed=config.seed)
+def train_loader(dataset: TensorDataset, config: BenchmarkConfig, env: DistEnv,
+                 counts: list[int] | None = None) -> DataLoader:
+    """Seeded shuffling identical under every launcher; call ``sampler.set_epoch`` per epoch.
+
+    Strategy ``imbalance=weighted_sampler``: rows drawn with probability 1 / class count
+    (``counts``: train rows per label, from the manifest), each rank its share."""
+    if config.strategy().imbalance == "weighted_sampler":
+        if counts is None:
+            raise ValueError("imbalance=weighted_sampler needs the train split's class counts")
+        sampler = strategies.DistributedWeightedSampler(
+            strategies.row_weights(dataset.tensors[2], counts), env.world_size, env.rank, config.seed)
+    else:
+        sampler = DistributedSampler(dataset, num_replicas=env.world_size, rank=env.rank,
+                                     shuffle=True, seed=config.seed)
     return DataLoader(dataset, batch_size=config.batch_size, sampler=sampler)
+
+
+def loss_weights(spec: CellSpec) -> torch.Tensor | None:
+    """Strategy ``imbalance=weighted_loss``: class weights N / (K * count) from the manifest."""
+    if spec.config.strategy().imbalance != "weighted_loss":
+        return None
+    return strategies.class_weights(train_class_counts(spec))
+
+
+def train_class_counts(spec: CellSpec) -> list[int]:
+    from pipelines.data.manifest import read_manifest
+
+    return strategies.class_counts(read_manifest(spec.paths), spec.labels)
 
 
 def eval_loader(dataset: TensorDataset, batch_size: int, env: DistEnv | None = None) -> DataLoader:
@@ -97,20 +122,27 @@ def build_optimizer(model: torch.nn.Module, config: BenchmarkConfig, total_steps
     return optimizer, get_linear_schedule_with_warmup(optimizer, warmup, total_steps)
 
 
-def forward(model, batch, device: torch.device):
-    """-> (mean loss, logits, labels) for one batch; the loss is computed in fp32."""
+def forward(model, batch, device: torch.device, class_weights: torch.Tensor | None = None):
+    """-> (mean loss, logits, labels) for one batch; the loss is computed in fp32
+    (``class_weights``: the weighted_loss strategy's per-class weights, training only)."""
     ids, mask, labels = (t.to(device, non_blocking=True) for t in batch)
     with autocast(device):
         logits = model(input_ids=ids, attention_mask=mask).logits
-    return F.cross_entropy(logits.float(), labels), logits, labels
+    weight = None if class_weights is None else class_weights.to(device)
+    return F.cross_entropy(logits.float(), labels, weight=weight), logits, labels
 
 
 @torch.no_grad()
-def evaluate(model, loader: DataLoader, device: torch.device, keep_predictions: bool = False):
-    """-> (loss_sum, correct, count, predictions, labels) over one loader."""
+def evaluate(model, loader: DataLoader, device: torch.device, keep_predictions: bool = False,
+             pad_to_batches: int | None = None):
+    """-> (loss_sum, correct, count, predictions, labels) over one loader.
+
+    ``pad_to_batches`` (FSDP): repeat uncounted forwards of the last batch up to that many,
+    so every rank joins the same number of all-gathers even when its share is a batch shorter."""
     was_training = model.training
     model.eval()
     loss_sum, correct, count, preds, labels = 0.0, 0, 0, [], []
+    batch = None
     for batch in loader:
         loss, logits, y = forward(model, batch, device)
         pred = logits.argmax(-1)
@@ -120,6 +152,9 @@ def evaluate(model, loader: DataLoader, device: torch.device, keep_predictions: 
         if keep_predictions:
             preds.append(pred.cpu())
             labels.append(y.cpu())
+    for _ in range(max(0, (pad_to_batches or 0) - len(loader))):
+        if batch is not None:
+            forward(model, batch, device)
     model.train(was_training)
     if keep_predictions:
         return loss_sum, correct, count, torch.cat(preds).numpy(), torch.cat(labels).numpy()
@@ -183,7 +218,7 @@ def worker_result(spec: CellSpec, env: DistEnv, record: TrainingRecord, *, launc
                   model_source: str, test: TestMetrics, test_seconds: float, train_samples: int,
                   test_samples: int, checkpoint_path: str | None, model_path: str | None,
                   devices: list[str], placements: list[str] | None = None,
-                  export_seconds: float = 0.0) -> CellResult:
+                  export_seconds: float = 0.0, comm_bytes_per_step: float | None = None) -> CellResult:
     """Rank 0's result: the same fields, from the same record, under every backend."""
     cfg = spec.config  # the cell's config: seed + repeat, per-worker batch, scaled lr
     return CellResult(
@@ -199,7 +234,7 @@ def worker_result(spec: CellSpec, env: DistEnv, record: TrainingRecord, *, launc
         work_end=time.time(),
         peak_memory_mb=peak_memory_mb(env.device), checkpoint_path=checkpoint_path,
         model_path=model_path, resumed_from_epoch=record.resumed_from_epoch, versions=versions(),
-        host=socket.gethostname(),
+        host=socket.gethostname(), **cfg.strategy().result_fields(), comm_bytes_per_step=comm_bytes_per_step,
     )
 
 
@@ -247,22 +282,36 @@ def _resume_state(spec: CellSpec, env: DistEnv) -> tuple[dict | None, str | None
 
 def _train(spec: CellSpec, env: DistEnv, distributed: TorchDistributed, launch_time: float) -> None:
     cfg = spec.config
+    strategy = cfg.strategy()  # the cell's one strategy (pipelines.training.strategies)
+    sharded = strategy.sharding == "fsdp" and env.world_size > 1
     train_set, test_set = load_split(spec.paths, "train"), load_split(spec.paths, "test")
     validation_set = load_split(spec.paths, "validation")  # per-epoch eval, time-to-target
     model, model_source = build_model(cfg.model_source, cfg.seed, spec.num_labels)  # same on every rank
     model.to(env.device)
-    loader = distributed.prepare_loader(train_loader(train_set, cfg, env), env)
+    counts = train_class_counts(spec) if strategy.imbalance != "none" else None
+    weights = strategies.class_weights(counts) if strategy.imbalance == "weighted_loss" else None
+    loader = distributed.prepare_loader(train_loader(train_set, cfg, env, counts), env)
+    if strategy.imbalance == "weighted_sampler" and not isinstance(loader.sampler, strategies.DistributedWeightedSampler):
+        # a framework's loader preparation replaced the sampler: refuse rather than train unweighted
+        raise RuntimeError(f"strategy {strategy.name!r}: {type(distributed).__name__}.prepare_loader replaced the "
+                           f"weighted sampler with {type(loader.sampler).__name__}; keep the loop's sampler")
     held_out = eval_loader(validation_set, cfg.batch_size, env)
+    # FSDP: every rank runs as many evaluation forwards as the rank with the largest share
+    eval_batches = math.ceil(math.ceil(len(validation_set) / env.world_size) / cfg.batch_size) if sharded else None
     steps_per_epoch = len(loader)
+
+    state, checkpoint_path = _resume_state(spec, env)
+    if state is not None:
+        model.load_state_dict(state["model"])  # full weights, before any wrapping or sharding
+    if sharded:  # FSDP2 replaces the parameters: shard first, then build the optimizer over the shards
+        wrapped = distributed.shard_model(model, env)
     optimizer, scheduler = build_optimizer(model, cfg, steps_per_epoch * cfg.epochs,
                                            **distributed.optimizer_options(env))
     torch.manual_seed(cfg.seed + env.rank)  # dropout stream: distinct per rank, reproducible
     samples_per_epoch = len(loader.sampler) * env.world_size  # padded rows included: they are trained
 
-    state, checkpoint_path = _resume_state(spec, env)
     if state is not None:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+        strategies.load_optimizer_state(model, optimizer, state["optimizer"], sharded)
         scheduler.load_state_dict(state["scheduler"])
         ckpt.set_rng_state(state["rng"][env.rank])
         if env.is_main:
@@ -270,7 +319,13 @@ def _train(spec: CellSpec, env: DistEnv, distributed: TorchDistributed, launch_t
     record = TrainingRecord.from_state(state and state["record"], samples_per_epoch)
     start_epoch = record.epochs_done
 
-    wrapped = distributed.wrap_model(model, env)
+    if not sharded:
+        wrapped = distributed.wrap_model(model, env)
+    runtime = strategies.apply_strategy(wrapped, strategy, env.world_size, timer=distributed.comm_timer)
+    if runtime.averager is not None:  # local SGD resumes its averaging period where it was
+        runtime.averager.step += start_epoch * steps_per_epoch
+    if env.is_main and not strategy.is_default:
+        log.info("strategy %s (%s)", strategy.name, strategy.model_dump())
     wrapped.train()
     total_steps = steps_per_epoch * (cfg.epochs - start_epoch)
     hook = epoch_end_hook()
@@ -283,10 +338,12 @@ def _train(spec: CellSpec, env: DistEnv, distributed: TorchDistributed, launch_t
             loss_sum = torch.zeros((), dtype=torch.float64, device=env.device)
             acc_sum = torch.zeros((), dtype=torch.float64, device=env.device)
             for i, batch in enumerate(record.timed_batches(loader)):
-                loss, logits, labels = forward(wrapped, batch, env.device)
+                loss, logits, labels = forward(wrapped, batch, env.device, weights)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
+                with record.communicating() if runtime.averager is not None else nullcontext():
+                    runtime.after_step()  # local SGD: periodic parameter averaging
                 scheduler.step()
                 loss_sum += loss.detach()
                 acc_sum += (logits.argmax(-1) == labels).double().mean()
@@ -299,13 +356,15 @@ def _train(spec: CellSpec, env: DistEnv, distributed: TorchDistributed, launch_t
                     log.info("epoch %d/%d step %d/%d loss %.4f lr %.2e eta %.0fs", epoch + 1,
                              cfg.epochs, i + 1, steps_per_epoch, loss.item(),
                              scheduler.get_last_lr()[0], rate * (total_steps - step_done))
+            with record.communicating() if runtime.averager is not None else nullcontext():
+                runtime.synchronise()  # local SGD: one model for evaluation and the checkpoint
             # train metrics = mean over batches of the global batch mean (as Determined reports)
             loss_sum, acc_sum = loss_sum.item(), acc_sum.item()  # waits for the device, not the network
             with record.communicating() if env.world_size > 1 else nullcontext():
                 loss_total, acc_total = all_reduce_sum([loss_sum, acc_sum], env)
             record.add("communication", distributed.comm_timer.take())
         with record.phase("eval"):
-            e_loss, e_correct, e_count, _, _ = evaluate(wrapped, held_out, env.device)
+            e_loss, e_correct, e_count, _, _ = evaluate(wrapped, held_out, env.device, pad_to_batches=eval_batches)
             e_loss, e_correct, e_count = all_reduce_sum([e_loss, e_correct, e_count], env)
         denom = steps_per_epoch * env.world_size
         m = record.end_epoch(train_loss=loss_total / denom, train_accuracy=acc_total / denom,
@@ -322,9 +381,10 @@ def _train(spec: CellSpec, env: DistEnv, distributed: TorchDistributed, launch_t
                 dist.all_gather_object(rngs, ckpt.rng_state())
             else:
                 rngs = [ckpt.rng_state()]
+            model_state, optimizer_state = strategies.full_state_dicts(model, optimizer, sharded)  # FSDP: collective
             if env.is_main:
                 checkpoint_path = str(ckpt.save_checkpoint({
-                    "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "model": model_state, "optimizer": optimizer_state,
                     "scheduler": scheduler.state_dict(), "epoch": epoch + 1, "rng": rngs,
                     "config": cfg.to_json(), "world_size": env.world_size, "record": record.state(),
                 }, spec.cell.checkpoints, epoch + 1))
@@ -333,6 +393,12 @@ def _train(spec: CellSpec, env: DistEnv, distributed: TorchDistributed, launch_t
             hook(epoch=epoch + 1, rank=env.rank, cell_dir=spec.cell_dir)
 
     devices, placements = worker_devices(env)
+    if sharded:  # the final test and the export use one unsharded copy on rank 0
+        full = strategies.full_model_state(model, sharded=True)  # collective: every rank
+        if env.is_main:
+            model, _ = build_model(cfg.model_source, cfg.seed, spec.num_labels)
+            model.load_state_dict(full)
+            model.to(env.device)
     if not env.is_main:
         return
     test, test_seconds = final_test(model, test_set, spec, env.device)
@@ -342,4 +408,5 @@ def _train(spec: CellSpec, env: DistEnv, distributed: TorchDistributed, launch_t
         spec, env, record, launch_time=launch_time, model_source=model_source, test=test,
         test_seconds=test_seconds, train_samples=len(train_set), test_samples=len(test_set),
         checkpoint_path=checkpoint_path, model_path=model_path, devices=devices,
-        placements=placements, export_seconds=export_seconds), spec)
+        placements=placements, export_seconds=export_seconds,
+        comm_bytes_per_step=runtime.comm_bytes_per_step), spec)

@@ -159,6 +159,9 @@ def test_params_mirror_the_config(dag):
     ({"train_samples": 1}, "train_samples"),
     ({"target_accuracy": 0}, "target_accuracy"),
     ({"epochs": "three"}, "epochs"),
+    ({"strategies": ["powersgd-rx"]}, "strategies"),
+    ({"strategies": ["fp16+nonsense"]}, "strategies"),
+    ({"class_ratio": 1.5}, "class_ratio"),
 ])
 def test_trigger_conf_with_bad_values_is_refused(scheduler_params, conf, field):
     from airflow.sdk.exceptions import ParamValidationError
@@ -169,9 +172,17 @@ def test_trigger_conf_with_bad_values_is_refused(scheduler_params, conf, field):
 
 def test_trigger_conf_with_good_values_is_accepted(scheduler_params):
     conf = {"profile": "smoke", "backends": ["ddp", "spark"], "worker_counts": [1, 2], "epochs": 1,
-            "learning_rate": 0.001, "overrides": {"seed": 7}}
+            "learning_rate": 0.001, "overrides": {"seed": 7},
+            "strategies": ["default", "powersgd-r4", "localsgd-8", "fsdp+weighted_loss"], "class_ratio": 0.2}
     resolved = copy.deepcopy(scheduler_params).deep_merge(conf).validate()
     assert resolved["backends"] == ["ddp", "spark"] and resolved["epochs"] == 1
+    sys.path.insert(0, str(DAGS_DIR))
+    from imdb_benchmark import overrides_from_params
+
+    from pipelines.config import load_config
+
+    config = load_config("smoke", overrides_from_params(resolved, {}))  # the form's names parse in the config
+    assert [s.name for s in config.strategies] == conf["strategies"] and config.class_ratio == 0.2
     assert resolved["batch_size"] is None  # left empty: the profile's value
 
 
@@ -206,13 +217,13 @@ def test_cells_are_grouped_by_worker_count_and_checked_against_the_pool():
 
     cells = load_config("smoke", {"backends": ["ddp", "spark"], "worker_counts": [1, 2]}).cells()
     plan = plan_by_workers(cells, pool_slots=2)
-    assert plan["w1"] == [{"backend": "ddp", "workers": 1, "repeat": 0},
-                          {"backend": "spark", "workers": 1, "repeat": 0}]
+    assert plan["w1"] == [{"backend": "ddp", "strategy": "default", "workers": 1, "repeat": 0},
+                          {"backend": "spark", "strategy": "default", "workers": 1, "repeat": 0}]
     assert [c["backend"] for c in plan["w2"]] == ["ddp", "spark"] and plan["w3"] == plan["w4"] == []
     with pytest.raises(ValueError, match="pool 'training_workers'.*has 1"):
         plan_by_workers(cells, pool_slots=1)
     with pytest.raises(ValueError, match="maximum 4"):
-        plan_by_workers([("ddp", 5, 0)], pool_slots=None)
+        plan_by_workers([("ddp", "default", 5, 0)], pool_slots=None)
 
 
 # --- end to end: the real CLI, scheduler loop and tasks -------------------------------------------
