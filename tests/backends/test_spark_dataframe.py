@@ -45,7 +45,7 @@ def cluster_config(feed_paths, imdb_dir, bert_tiny_dir):
     yield load_config("smoke", dict(
         dataset_source=str(imdb_dir), tokenizer_source=str(bert_tiny_dir), model_source=str(bert_tiny_dir),
         output_root=str(feed_paths.root.parent), max_seq_len=SEQ_LEN, epochs=EPOCHS, batch_size=16,
-        learning_rate=2e-3, seed=42, spark_master="embedded"))
+        batch_policy="per_worker", learning_rate=2e-3, seed=42, spark_master="embedded"))
     spark_cluster.stop(feed_paths)
 
 
