@@ -17,6 +17,17 @@ earlier cell; the command's wall time is reported as ``process s``. Ray against 
     .venv/bin/python bench/backend_overhead.py --backends ddp,ray --fresh-processes \
         --train-samples 256 --test-samples 128 --epochs 2 --seq-len 64 --batch-size 16
 
+Platforms as teams deploy them (``--backends`` takes these path names as well as backend names):
+``spark-local`` (TorchDistributor local mode: torchrun on the driver), ``spark-cluster`` (barrier
+tasks on a standalone cluster this script starts from the pyspark distribution and stops at the
+end, ranks reading the token files), ``spark-cluster-dataframe`` (the same cluster, training rows
+fed through Spark), ``determined-local`` (the Trainer in-process), each against ``ddp``, and
+``ddp`` against bare torchrun; every path's phase breakdown (median seconds per phase,
+``pipelines.training.phases``) is printed under the ratios:
+
+    .venv/bin/python bench/backend_overhead.py --fresh-processes \
+        --backends ddp,spark-local,spark-cluster,spark-cluster-dataframe,determined-local
+
 Targets at full size: ddp <= 1.03x bare; spark <= 1.10x and determined <= 1.05x of ddp. Writes
 ``<out>/overhead.json``. Needs ../shared/data (or SHARED_DATA) and 2+ free cores for world size 2.
 """
@@ -98,6 +109,28 @@ run_cell(read_config(Path(sys.argv[1])), RunPaths(Path(sys.argv[2])), Backend(sy
 """
 
 
+# path name -> (backend, config overrides); "<cluster>" is replaced by the started cluster's URL
+PLATFORM_PATHS = {
+    "spark-local": ("spark", {}),
+    "spark-cluster": ("spark", {"spark_master": "<cluster>"}),
+    "spark-cluster-dataframe": ("spark_dataframe", {"spark_master": "<cluster>"}),
+    "determined-local": ("determined", {"determined_master": None}),
+}
+
+
+def path_plan(name: str) -> tuple[str, dict]:
+    """A path name -> (backend, overrides); a plain backend name runs with the bench's config."""
+    return PLATFORM_PATHS.get(name, (name, {}))
+
+
+def link_run(source, target) -> None:
+    """A run folder of its own for one path (cells never collide), sharing the token shards."""
+    target.root.mkdir(parents=True, exist_ok=True)
+    for name in ("tokens", "manifest.json"):
+        if not (target.root / name).exists():
+            (target.root / name).symlink_to((source.root / name).resolve())
+
+
 def run_fresh(config_path: Path, paths, backend: str, workers: int, rnd: int):
     """One cell in a new Python process; -> (its result, the command's wall time less the time
     it waited for the host's timing lock)."""
@@ -156,38 +189,68 @@ def main() -> None:
     if args.bare_worker:
         return bare_worker(args)
 
-    from pipelines.backends import run_cell
-    from pipelines.config import Backend, load_config, save_config
+    from pipelines.config import Backend
     from pipelines.paths import RunPaths
 
     out = Path(args.out or tempfile.mkdtemp(prefix="overhead-"))
     paths = RunPaths(out / "run")
     make_shards(args, paths)
+    names = ["bare", *args.backends.split(",")]
+    plans = {name: path_plan(name) for name in names[1:]}
+    for name, (backend, _) in plans.items():
+        Backend(backend)  # an unknown path or backend fails here, before anything runs
+    cluster_url = None
+    if any(o.get("spark_master") == "<cluster>" for _, o in plans.values()):
+        from pipelines import spark_cluster
+
+        cluster_url = spark_cluster.start(paths, workers=args.workers)  # stopped in the finally below
+    try:
+        _bench(args, out, paths, names, plans, cluster_url)
+    finally:
+        if cluster_url:
+            spark_cluster.stop(paths)
+
+
+def _bench(args, out: Path, paths, names: list[str], plans: dict, cluster_url: str | None) -> None:
+    from pipelines.backends import run_cell
+    from pipelines.config import Backend, load_config, save_config
+    from pipelines.paths import RunPaths
+
     config = load_config("nightly", dict(
         model_source=args.model, tokenizer_source=args.model, output_root=str(out),
         max_seq_len=args.seq_len, epochs=args.epochs, batch_size=args.batch_size,
         threads_per_worker=args.threads, seed=args.seed, spark_master=f"local[{max(2, args.workers)}]",
         train_samples=args.train_samples, test_samples=args.test_samples))
     save_config(config, out / "config.json")
+    path_configs, path_runs = {}, {}
+    for name, (backend, overrides) in plans.items():
+        overrides = {k: (cluster_url if v == "<cluster>" else v) for k, v in overrides.items()}
+        path_configs[name] = config.model_copy(update=overrides)
+        path_runs[name] = RunPaths(out / f"run-{name}")
+        link_run(paths, path_runs[name])
+        save_config(path_configs[name], out / f"config-{name}.json")
     # Rounds interleave the paths (rotating their order) so drift on a shared machine hits all
     # alike; ratios are of the medians over rounds, with the per-round spread shown.
-    names = ["bare", *args.backends.split(",")]
     runs: dict[str, list[dict]] = {name: [] for name in names}
     for rnd in range(args.rounds):
         for name in names[rnd % len(names):] + names[:rnd % len(names)]:
             if name == "bare":
                 runs[name].append(run_bare(args, out, rnd))
                 continue
+            backend = plans[name][0]
             if args.fresh_processes:
-                r, process_seconds = run_fresh(out / "config.json", paths, name, args.workers, rnd)
+                r, process_seconds = run_fresh(out / f"config-{name}.json", path_runs[name], backend,
+                                               args.workers, rnd)
             else:
                 t0 = time.time()
-                r = run_cell(config, paths, Backend(name), args.workers, rnd)
+                r = run_cell(path_configs[name], path_runs[name], Backend(backend), args.workers, rnd)
                 process_seconds = time.time() - t0 - r.timed_window.lock_wait_seconds
             runs[name].append({"training_seconds": r.training_seconds, "startup_seconds": r.startup_seconds,
                                "evaluation_seconds": r.evaluation_seconds, "total_seconds": r.total_seconds,
-                               "process_seconds": process_seconds})
-    rows = {name: {key: statistics.median(run[key] for run in rs) for key in rs[0]} for name, rs in runs.items()}
+                               "process_seconds": process_seconds, "platform_mode": r.platform_mode,
+                               **{f"phase_{k}": v for k, v in r.phases.items()}})
+    rows = {name: {key: statistics.median(run[key] for run in rs) for key in rs[0] if key != "platform_mode"}
+            for name, rs in runs.items()}
     train = {name: [run["training_seconds"] for run in rs] for name, rs in runs.items()}
     bare, ddp = rows["bare"]["training_seconds"], rows.get("ddp", {}).get("training_seconds")
     ddp_startup = rows.get("ddp", {}).get("startup_seconds")
@@ -208,8 +271,22 @@ def main() -> None:
               f"{row['x_ddp'] or nan:>7.3f}{spread:>22}"
               f"{row.get('startup_seconds', nan):>12.2f}{row['startup_x_ddp'] or nan:>7.3f}"
               f"{row['total_seconds']:>9.2f}{row.get('process_seconds', nan):>11.2f}")
+    print_phases(rows, runs)
     (out / "overhead.json").write_text(json.dumps({"args": vars(args), "rows": rows, "runs": runs}, indent=2))
     print(f"written {out / 'overhead.json'}")
+
+
+def print_phases(rows: dict, runs: dict) -> None:
+    """Where each path's time goes: median seconds per phase (bare torchrun records none)."""
+    from pipelines.training.phases import PHASES
+
+    print(f"\nphases, median s (pipelines/training/phases.py){'':<4}" + "".join(f"{p:>14}" for p in PHASES)
+          + f"{'mode':>16}")
+    for name, row in rows.items():
+        if not any(k.startswith("phase_") for k in row):
+            continue
+        mode = runs[name][0].get("platform_mode") or ""
+        print(f"{name:<52}" + "".join(f"{row.get('phase_' + p, 0.0):>14.2f}" for p in PHASES) + f"{mode:>16}")
 
 
 if __name__ == "__main__":

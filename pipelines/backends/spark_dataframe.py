@@ -141,11 +141,11 @@ class SparkDataFrameBackend(SparkBackend):
     feed: ClassVar[type | None] = None
 
     def spec(self, config: BenchmarkConfig, world_size: int, paths: RunPaths, cell: CellPaths,
-             repeat: int) -> CellSpec:
+             repeat: int, strategy: str | None = None) -> CellSpec:
         problem = local_master_refusal(config.spark_master)
         if problem:
             raise ConfigError(problem)
-        return super().spec(config, world_size, paths, cell, repeat)
+        return super().spec(config, world_size, paths, cell, repeat, strategy)
 
     def train(self, spark, distributor, spec: CellSpec, launch_time: float) -> None:
         from pipelines.training.spark_feed import train_worker
