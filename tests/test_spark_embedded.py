@@ -101,4 +101,4 @@ def test_run_trains_spark_on_its_embedded_cluster_and_stops_it(tmp_path, imdb_di
     assert "Registered app preprocess" in master_log and "Registered app train-spark-w2-r0" in master_log
     assert not paths.spark_cluster_info.exists() and not _spark_daemons(paths.spark_cluster)
     report = (paths.root / "report" / "report.md").read_text()
-    assert "| spark | cluster | 2 |" in report and "Local modes are not" not in report
+    assert "| spark | cluster, files feed | 2 |" in report and "Local modes are not" not in report

@@ -41,7 +41,8 @@ def scaleout_config(scaleout_paths, imdb_dir, bert_tiny_dir):
     base = {
         "dataset_source": str(imdb_dir), "tokenizer_source": str(bert_tiny_dir),
         "model_source": str(bert_tiny_dir), "output_root": str(scaleout_paths.root.parent),
-        "max_seq_len": SEQ_LEN, "epochs": 2, "batch_size": 16, "learning_rate": 5e-4, "seed": 42,
+        "max_seq_len": SEQ_LEN, "epochs": 2, "batch_size": 16, "batch_policy": "per_worker",
+        "learning_rate": 5e-4, "seed": 42,
     }
 
     def _make(**overrides):
