@@ -126,9 +126,10 @@ def path_plan(name: str) -> tuple[str, dict]:
 def link_run(source, target) -> None:
     """A run folder of its own for one path (cells never collide), sharing the token shards."""
     target.root.mkdir(parents=True, exist_ok=True)
-    for name in ("tokens", "manifest.json"):
-        if not (target.root / name).exists():
-            (target.root / name).symlink_to((source.root / name).resolve())
+    for folder in (source.tokens, source.manifest.parent):  # token shards; the manifest's folder
+        link = target.root / folder.relative_to(source.root)
+        if not link.exists():
+            link.symlink_to(folder.resolve())
 
 
 def run_fresh(config_path: Path, paths, backend: str, workers: int, rnd: int):
@@ -257,7 +258,7 @@ def _bench(args, out: Path, paths, names: list[str], plans: dict, cluster_url: s
     print(f"\n{args.workers} worker(s), {args.train_samples} reviews x {args.epochs} epochs, "
           f"batch {args.batch_size}/worker, seq {args.seq_len}; median of {args.rounds} round(s)"
           f"{', every cell in a fresh process' if args.fresh_processes else ''}")
-    print(f"{'path':<11}{'train s':>9}{'x bare':>8}{'x ddp':>7}{'x ddp per round':>22}"
+    print(f"{'path':<24}{'train s':>9}{'x bare':>8}{'x ddp':>7}{'x ddp per round':>22}"
           f"{'start-up s':>12}{'x ddp':>7}{'total s':>9}{'process s':>11}")
     nan = float("nan")
     for name, row in rows.items():
@@ -267,7 +268,7 @@ def _bench(args, out: Path, paths, names: list[str], plans: dict, cluster_url: s
         row["startup_x_ddp"] = row["startup_seconds"] / ddp_startup if ddp_startup and "startup_seconds" in row \
             else None
         spread = " ".join(f"{x:.3f}" for x in row["x_ddp_per_round"])
-        print(f"{name:<11}{row['training_seconds']:>9.2f}{row['x_bare']:>8.3f}"
+        print(f"{name:<24}{row['training_seconds']:>9.2f}{row['x_bare']:>8.3f}"
               f"{row['x_ddp'] or nan:>7.3f}{spread:>22}"
               f"{row.get('startup_seconds', nan):>12.2f}{row['startup_x_ddp'] or nan:>7.3f}"
               f"{row['total_seconds']:>9.2f}{row.get('process_seconds', nan):>11.2f}")
