@@ -100,6 +100,46 @@ class keep_signal_handlers:
                 signal.signal(signum, handler)
 
 
+def is_ray_process(cmdline: list[str]) -> bool:
+    """Ray's binaries and workers run from the ray package (``.../ray/raylet/raylet``,
+    ``.../ray/_private/workers/default_worker.py``); actors rename themselves ``ray::<name>``."""
+    text = " ".join(cmdline)
+    return "/ray/" in text or text.startswith("ray::")
+
+
+def cluster_processes() -> list:
+    """The local cluster's processes: this driver's descendants that are Ray's (GCS, raylet, the
+    workers and actors the raylet started), never anything else the driver's process started."""
+    import psutil
+
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if is_ray_process(proc.cmdline()):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return found
+
+
+def stop_leftovers(processes: list, grace_s: float = 5.0) -> list:
+    """After ``ray.shutdown()``: give the cluster's processes ``grace_s`` to exit (workers notice
+    their raylet is gone by polling, seconds on a loaded host), then SIGKILL the rest, so no Ray
+    process outlives its cell. Returns the processes that had to be killed."""
+    import psutil
+
+    _, alive = psutil.wait_procs(processes, timeout=grace_s)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=5.0)
+    if alive:
+        log.warning("ray: %d process(es) still running %.0f s after shutdown were killed", len(alive), grace_s)
+    return alive
+
+
 class RayBackend(TrainingBackend):
     name = Backend.RAY
 
@@ -152,8 +192,10 @@ class RayBackend(TrainingBackend):
 
         start = time.perf_counter()
         temp_dir = local_cluster_options(1, 1)["_temp_dir"]
+        started = cluster_processes() if local else []
         ray.shutdown()
         if local:
+            stop_leftovers(started)
             shutil.rmtree(temp_dir, ignore_errors=True)
         log.info("ray: %s in %.1fs", "local cluster stopped" if local else "disconnected",
                  time.perf_counter() - start)

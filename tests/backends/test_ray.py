@@ -14,7 +14,8 @@ import psutil
 import pytest
 
 from pipelines.backends import run_cell
-from pipelines.backends.ray import RayBackend, local_cluster_options, worker_env_vars
+from pipelines.backends.ray import (RayBackend, is_ray_process, local_cluster_options, stop_leftovers,
+                                    worker_env_vars)
 from pipelines.config import Backend, ConfigError, load_config
 from pipelines.paths import PROJECT_ROOT, CellPaths, RunPaths
 from pipelines.results import CellResult
@@ -108,6 +109,22 @@ def test_a_bad_ray_address_is_refused_with_the_allowed_forms():
     with pytest.raises(ConfigError, match=r"ray_address: .*ray://host:port"):
         load_config("smoke", {"ray_address": "http://head:8265"})
     assert load_config("smoke", {"ray_address": "ray://head:10001"}).ray_address == "ray://head:10001"
+
+
+def test_leftover_ray_processes_are_killed_and_nothing_else_is_touched():
+    assert is_ray_process(["/venv/lib/python3.12/site-packages/ray/core/src/ray/raylet/raylet", "--node"])
+    assert is_ray_process(["ray::RayTrainWorker.__execute"])
+    assert not is_ray_process(["java", "-cp", "/venv/pyspark/jars/*", "org.apache.spark.deploy.worker.Worker"])
+    # a process that ignores SIGTERM-style shutdown stands for a worker that missed its raylet's exit
+    stuck = subprocess.Popen([sys.executable, "-c", "import signal, time; "
+                              "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"])
+    try:
+        killed = stop_leftovers([psutil.Process(stuck.pid)], grace_s=0.5)
+        assert [p.pid for p in killed] == [stuck.pid]
+        assert stuck.wait(timeout=10) is not None and not psutil.pid_exists(stuck.pid)  # reaped: gone
+    finally:
+        if stuck.poll() is None:
+            stuck.kill()
 
 
 def test_cluster_options_and_worker_environment():
