@@ -93,11 +93,34 @@ class keep_signal_handlers:
     def __init__(self) -> None:
         self.main = threading.current_thread() is threading.main_thread()  # handlers live there
         self.saved = {s: signal.getsignal(s) for s in self.SIGNALS} if self.main else {}
+        self.stopped: int | None = None  # the signal received while Ray ran (stop_cleanly)
 
     def restore(self) -> None:
         for signum, handler in self.saved.items():
             if handler is not None and signal.getsignal(signum) is not handler:
                 signal.signal(signum, handler)
+
+    def stop_cleanly(self) -> None:
+        """While the cell's Ray session is up, SIGTERM/SIGINT only raise ``CellTerminated``
+        (once; the signal is remembered), so ``launch``'s ``finally`` shuts Ray down while its
+        GCS and raylet still run. The project's handler kills the cell's processes first; a Ray
+        driver whose raylet dies while it waits in ``ray.get`` exits by itself (code 1) before it
+        can record the failure (seen in CI). ``restore`` puts the project's handlers back."""
+        if not self.main:
+            return
+
+        def handler(signum, frame):
+            first = self.stopped is None
+            self.stopped = self.stopped or signum
+            if first:
+                raise CellTerminated(signum, "Ray's cluster shut down")
+
+        for s in self.SIGNALS:
+            signal.signal(s, handler)
+
+    def terminated(self) -> CellTerminated | None:
+        """The signal that stopped the cell, also when Ray swallowed the handler's exception."""
+        return None if self.stopped is None else CellTerminated(self.stopped, "Ray's cluster shut down")
 
 
 def is_ray_process(cmdline: list[str]) -> bool:
@@ -163,7 +186,7 @@ class RayBackend(TrainingBackend):
                 options = local_cluster_options(spec.world_size, cfg.threads_per_worker)
                 log.info("ray: starting a local cluster (%s)", options)
                 ray.init(runtime_env=runtime_env, **options)
-            handlers.restore()
+            handlers.stop_cleanly()
             trainer = TorchTrainer(
                 train_loop_per_worker,
                 train_loop_config={"cell_dir": str(spec.cell_dir), "launch_time": launch_time},
@@ -178,11 +201,14 @@ class RayBackend(TrainingBackend):
             try:
                 result = trainer.fit()  # raises ray.train.TrainingFailedError when a worker failed
             except BaseException as err:
-                raise signal_that_stopped(err) or err
+                raise handlers.terminated() or signal_that_stopped(err) or err
+            if handlers.terminated():  # Ray swallowed the handler's exception: stop now all the same
+                raise handlers.terminated()
             log.info("ray: run %s finished; latest checkpoint %s", result.path,
                      result.checkpoint.path if result.checkpoint else None)
         finally:
             self._shutdown(local=not cfg.ray_address)
+            handlers.restore()
 
     @staticmethod
     def _shutdown(local: bool) -> None:
