@@ -44,8 +44,8 @@ cells running at once never ask for more workers than the machine has. Airflow c
 each mapped instance its own `pool_slots` (apache/airflow#35803), hence one mapped task per
 worker count, fed by a small `plan_wN` task; those without cells are skipped. Worker counts
 above 4 or above the pool's size are refused by `prepare_run` (a task asking more slots than
-its pool holds would never be scheduled). Train cells retry twice and resume from their last
-checkpoint.
+its pool holds would never be scheduled). A failed cell is retried `matrix.cell_retries` times (default 2) by
+`pipelines.stages.train_cell`, resuming from its last checkpoint: the CLI's policy too.
 
 **Schedule**: every night at 02:00 UTC with the nightly profile; unpausing does not start a
 run for the past night. One run at a time.
@@ -68,7 +68,6 @@ from __future__ import annotations
 
 import logging
 import os
-from datetime import timedelta
 from pathlib import Path
 
 from airflow.providers.smtp.notifications.smtp import SmtpNotifier  # ~10 ms (smtplib)
@@ -89,7 +88,8 @@ from airflow.sdk import (
 # pipelines.config and .runner need only pydantic, which Airflow has already imported: ~5 ms.
 # They keep the form's choices and bounds, and the step order, identical to the CLI's.
 # Everything heavy is imported inside tasks.
-from pipelines.config import DEPLOYMENT_FIELDS, PROFILES, Backend, BenchmarkConfig, site_defaults
+from pipelines import platforms
+from pipelines.config import PROFILES, deployment_keys, form_schema, site_defaults
 from pipelines.runner import FINISH_STEPS
 
 log = logging.getLogger("imdb_benchmark")  # the module name Airflow gives the file is unreadable
@@ -97,23 +97,13 @@ log = logging.getLogger("imdb_benchmark")  # the module name Airflow gives the f
 POOL = "training_workers"
 MAX_WORKERS = 4  # one train task per worker count 1..MAX_WORKERS (see docstring); raise freely
 SLOTS_ENV = "BENCHMARK_TRAINING_SLOTS"  # the pool's size, exported by scripts/airflow_env.sh
-_JSON_BOUNDS = (("ge", "minimum"), ("gt", "exclusiveMinimum"), ("le", "maximum"), ("lt", "exclusiveMaximum"))
 
 
-def _bounds(field: str) -> dict:
-    """JSON-schema bounds of a config field, taken from its pydantic constraints."""
-    out = {}
-    for constraint in BenchmarkConfig.model_fields[field].metadata:
-        for attr, key in _JSON_BOUNDS:
-            if getattr(constraint, attr, None) is not None:
-                out[key] = getattr(constraint, attr)
-    return out
-
-
-def _number(field: str, kind: str, title: str, description: str, section: str) -> Param:
-    """Optional number: empty (null) keeps the profile's value."""
-    return Param(None, type=[kind, "null"], title=title, description=description, section=section,
-                 **_bounds(field))
+def _field(key: str, title: str, section: str, description: str = "", **form) -> Param:
+    """The form field of config field ``key`` (its flat name, as trigger forms have always sent it):
+    type, bounds and choices from the config's JSON schema; empty (null) keeps the profile's value."""
+    return Param(None, title=title, section=section, description=description or None,
+                 **{**form_schema(key), **form})
 
 
 def _profiles_md() -> str:
@@ -125,62 +115,46 @@ def _profiles_md() -> str:
     return "Defaults for every field left empty below.\n\n" + "\n".join(rows)
 
 
-BACKENDS = [b.value for b in Backend]
-# strategy names as pipelines.config.parse_strategy reads them, checked in the form
-STRATEGY_PATTERN = (r"^(default|fp16|bf16|powersgd(-r[0-9]+)?|localsgd-[0-9]+|fsdp|ddp|weighted_sampler|weighted_loss)"
-                    r"(\+(fp16|bf16|powersgd(-r[0-9]+)?|localsgd-[0-9]+|fsdp|ddp|weighted_sampler|weighted_loss))*$")
-STRATEGY_EXAMPLES = ["default", "fp16", "bf16", "powersgd-r1", "powersgd-r4", "localsgd-4", "localsgd-16", "fsdp",
-                     "weighted_sampler", "weighted_loss"]
+BACKENDS = platforms.names()
 PARAMS = {
     "profile": Param("nightly", type="string", enum=list(PROFILES), title="Profile",
                      description_md=_profiles_md(), section="Profile"),
-    "backends": Param(None, type=["array", "null"], title="Backends", minItems=1, uniqueItems=True,
-                      items={"type": "string", "enum": BACKENDS}, examples=BACKENDS,  # examples: multi-select
-                      section="Training matrix",
-                      description="Platforms to compare; empty = the profile's (all; smoke leaves out "
-                                  "spark_dataframe, which needs a Spark cluster)."),
-    "worker_counts": Param(None, type=["array", "null"], title="Worker counts", minItems=1,
-                           items={"type": "integer", "minimum": 1, "maximum": MAX_WORKERS},
-                           section="Training matrix",
-                           description=f"World sizes to run as a JSON list, e.g. [1, 2] (each 1..{MAX_WORKERS}); "
-                                       "empty = the profile's."),
-    "repeats": _number("repeats", "integer", "Repeats", "Runs of every cell (for medians).",
-                       "Training matrix"),
-    "strategies": Param(None, type=["array", "null"], title="Training strategies", minItems=1, uniqueItems=True,
-                        items={"type": "string", "pattern": STRATEGY_PATTERN}, examples=STRATEGY_EXAMPLES,
-                        section="Training matrix",
-                        description_md="Strategies to compare, each a cell of its own (every backend x strategy "
-                                       "x worker count): `default`, `fp16`, `bf16` (GPU only), `powersgd-r<rank>`, "
-                                       "`localsgd-<steps>` (local SGD, parameters averaged every N steps), `fsdp`, "
-                                       "`weighted_sampler`, `weighted_loss`; combine with `+` "
-                                       "(`fsdp+weighted_loss`). Comm strategies have no 1-worker cell; "
-                                       "a strategy a backend cannot run (Determined: comm hooks, local SGD, "
-                                       "FSDP) is refused before any work. Empty = `default` only."),
-    "class_ratio": _number("class_ratio", "number", "Class ratio",
-                           "Imbalanced train sample on purpose: every other class gets this fraction of "
-                           "label 0's rows (test stays balanced); empty = stratified as the source.", "Data"),
-    "epochs": _number("epochs", "integer", "Epochs", "Training epochs per cell.", "Training"),
-    "batch_size": _number("batch_size", "integer", "Batch size", "Per worker.", "Training"),
-    "learning_rate": _number("learning_rate", "number", "Learning rate", "AdamW peak learning rate at 1 worker.",
-                             "Training"),
-    "batch_policy": Param(None, type=["string", "null"], enum=[None, "per_worker", "global"],
-                          title="Batch policy", section="Training",
-                          description="per_worker: batch size per worker (the global batch grows); "
-                                      "global: the batch size is split over the workers."),
-    "lr_scaling": Param(None, type=["string", "null"], enum=[None, "none", "linear", "sqrt"],
-                        title="Learning-rate scaling", section="Training",
-                        description="How the learning rate follows the global batch."),
-    "target_accuracy": _number("target_accuracy", "number", "Target accuracy",
-                               "Held-out accuracy that defines time-to-accuracy.", "Training"),
-    "seed": _number("seed", "integer", "Seed", "Sampling, initialisation and shuffling.", "Training"),
-    "train_samples": _number("train_samples", "integer", "Train reviews",
-                             "Stratified sample of the train split.", "Data"),
-    "test_samples": _number("test_samples", "integer", "Test reviews",
-                            "Stratified sample of the test split.", "Data"),
-    "max_seq_len": _number("max_seq_len", "integer", "Max sequence length", "Tokens per review.", "Data"),
+    "backends": _field("backends", "Backends", "Training matrix", uniqueItems=True, examples=BACKENDS,  # multi-select
+                       description="Platforms to compare; empty = the profile's (all; smoke leaves out "
+                                   "spark_dataframe, which needs a Spark cluster)."),
+    "worker_counts": _field("worker_counts", "Worker counts", "Training matrix",
+                            items={"type": "integer", "minimum": 1, "maximum": MAX_WORKERS},
+                            description=f"World sizes to run as a JSON list, e.g. [1, 2] (each 1..{MAX_WORKERS}); "
+                                        "empty = the profile's."),
+    "repeats": _field("repeats", "Repeats", "Training matrix", "Runs of every cell (for medians)."),
+    "strategies": _field("strategies", "Training strategies", "Training matrix", uniqueItems=True,
+                         description_md="Strategies to compare, each a cell of its own (every backend x strategy "
+                                        "x worker count): `default`, `fp16`, `bf16` (GPU only), `powersgd-r<rank>`, "
+                                        "`localsgd-<steps>` (local SGD, parameters averaged every N steps), `fsdp`, "
+                                        "`weighted_sampler`, `weighted_loss`; combine with `+` "
+                                        "(`fsdp+weighted_loss`). Comm strategies have no 1-worker cell; "
+                                        "a strategy a backend cannot run (Determined: comm hooks, local SGD, "
+                                        "FSDP) is refused before any work. Empty = `default` only."),
+    "class_ratio": _field("class_ratio", "Class ratio", "Data",
+                          "Imbalanced train sample on purpose: every other class gets this fraction of "
+                          "label 0's rows (test stays balanced); empty = stratified as the source."),
+    "epochs": _field("epochs", "Epochs", "Training", "Training epochs per cell."),
+    "batch_size": _field("batch_size", "Batch size", "Training", "Per worker, or global (batch policy)."),
+    "learning_rate": _field("learning_rate", "Learning rate", "Training", "AdamW peak learning rate at 1 worker."),
+    "batch_policy": _field("batch_policy", "Batch policy", "Training",
+                           "per_worker: batch size per worker (the global batch grows); "
+                           "global: the batch size is split over the workers."),
+    "lr_scaling": _field("lr_scaling", "Learning-rate scaling", "Training",
+                         "How the learning rate follows the global batch."),
+    "target_accuracy": _field("target_accuracy", "Target accuracy", "Training",
+                              "Held-out accuracy that defines time-to-accuracy."),
+    "seed": _field("seed", "Seed", "Training", "Sampling, initialisation and shuffling."),
+    "train_samples": _field("train_samples", "Train reviews", "Data", "Stratified sample of the train split."),
+    "test_samples": _field("test_samples", "Test reviews", "Data", "Stratified sample of the test split."),
+    "max_seq_len": _field("max_seq_len", "Max sequence length", "Data", "Tokens per review."),
     "overrides": Param(None, type=["object", "null"], title="Other config fields", section="Advanced",
-                       description_md="JSON object of any other `BenchmarkConfig` field, e.g. "
-                                      '`{"warmup_ratio": 0.2}`; unknown keys are refused, and so are '
+                       description_md="JSON object of any other config field, by dotted path or flat name, e.g. "
+                                      '`{"training.warmup_ratio": 0.2}`; unknown keys are refused, and so are '
                                       "deployment fields (data, model and output locations, masters, "
                                       "tracking URI): those come from the workers' environment."),
 }
@@ -190,9 +164,10 @@ CONFIG_PARAMS = tuple(k for k in PARAMS if k not in ("profile", "overrides"))
 
 def overrides_from_params(params: dict, environ: dict | None = None) -> dict:
     """Trigger params -> config overrides: site defaults from env, then the non-empty params.
-    Deployment fields come from the environment only (pipelines.config.DEPLOYMENT_FIELDS)."""
+    Deployment fields come from the environment only (pipelines.config.deployment_keys)."""
     environ = os.environ if environ is None else environ
-    refused = sorted(DEPLOYMENT_FIELDS & {*params, *(params.get("overrides") or {})})
+    given = {k: v for k, v in params.items() if k not in ("profile", "overrides")}
+    refused = deployment_keys({**given, **(params.get("overrides") or {})})
     if refused:
         raise ValueError(f"{', '.join(refused)}: set by the deployment (BENCHMARK_* / MLFLOW_TRACKING_URI "
                          "environment of the Airflow workers), not by a trigger")
@@ -266,18 +241,17 @@ def imdb_benchmark():
     @task
     def prepare_run() -> str:
         """Resolve the config (profile + params) and create the run folder; returns its path."""
-        from pipelines import preflight, stages
+        from pipelines import stages
         from pipelines.config import load_config
         from pipelines.trends import record_dag_run
 
         ctx = get_current_context()
         params = dict(ctx["params"])
         overrides = overrides_from_params(params)
-        # Refuse worker counts the train tasks cannot run before any work is done.
+        # Refuse worker counts the train tasks cannot run (Airflow's pool) before any work is done.
         slots = os.environ.get(SLOTS_ENV)
-        config = load_config(params["profile"], overrides)
-        plan_by_workers(config.cells(), int(slots) if slots else None)
-        preflight.check(config)  # tokenizer, model config, writable output, disk: seconds, not a data stage
+        plan_by_workers(load_config(params["profile"], overrides).cells(), int(slots) if slots else None)
+        # the CLI's start of a run: config, preflight (seconds, not a data stage), run folder
         run_dir = stages.prepare_run(params["profile"], overrides, run_id=ctx["run_id"])
         record_dag_run(run_dir, ctx["dag"].dag_id, ctx["run_id"])  # the page links back to this run
         log.info("run folder: %s", run_dir)
@@ -338,15 +312,16 @@ def imdb_benchmark():
         log.info("cells with %d worker(s): %s", workers, cells or "none (the train task is skipped)")
         return cells
 
-    @task(pool=POOL, retries=2, retry_delay=timedelta(seconds=10),
+    # retries=0: a failed cell is retried by stages.train_cell (matrix.cell_retries, resuming from its
+    # last checkpoint), the same policy as the CLI's; an Airflow retry would add more on top
+    @task(pool=POOL, retries=0,
           map_index_template="{{ task.op_kwargs['backend'] }} {{ task.op_kwargs['strategy'] }}"
                              " x{{ task.op_kwargs['workers'] }} r{{ task.op_kwargs['repeat'] }}")
     def train(run_dir: str, backend: str, strategy: str, workers: int, repeat: int) -> dict:
         """One (backend, strategy, workers, repeat) cell; a retry resumes from its last checkpoint."""
         from pipelines import stages
 
-        result = stages.train_cell(run_dir, Backend(backend), workers, repeat,  # XCom str -> enum, once
-                                   strategy=strategy)
+        result = stages.train_cell(run_dir, backend, workers, repeat, strategy=strategy)
         return _logged(f"train {backend} {strategy} x{workers} r{repeat}", result)
 
     @task

@@ -10,13 +10,41 @@ module; it imports neither.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import inspect
+import sys
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
-from pipelines.config import Backend, BenchmarkConfig
+from pipelines.config import BenchmarkConfig
 from pipelines.fileio import atomic_write_text
 from pipelines.paths import CellPaths, RunPaths
+
+
+def platform_modules(config: BenchmarkConfig) -> list[tuple[str, str]]:
+    """(module, file) of each platform the config names that does not come with the project."""
+    from pipelines import platforms
+
+    named = {*config.matrix.backends, *(config.engines.__pydantic_extra__ or {})}
+    return sorted({(c.__module__, inspect.getfile(c)) for c in platforms.classes()
+                   if str(c.name) in named and str(c.name) not in platforms.default_names()})
+
+
+def import_platform(module: str, file: str) -> None:
+    """Import the module defining a platform: by name, else from its file (a test module)."""
+    if module in sys.modules:
+        return
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError:
+        spec = importlib.util.spec_from_file_location(module, file)
+        if spec is None or spec.loader is None:
+            raise
+        sys.modules[module] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[module])
 
 
 class CellSpec(BaseModel):
@@ -27,10 +55,21 @@ class CellSpec(BaseModel):
     config: BenchmarkConfig
     run_root: Path
     cell_dir: Path
-    backend: Backend
+    backend: str
     world_size: int
     repeat: int
     labels: list[int]  # the task's label set, from the snapshot manifest (0..K-1)
+    # (name, file) of the modules that register the config's platforms defined outside
+    # pipelines/backends (a plug-in, a test): a rank imports them before it reads the config
+    platform_modules: list[tuple[str, str]] = []
+
+    @model_validator(mode="before")
+    @classmethod
+    def _register_platforms(cls, values: Any) -> Any:
+        if isinstance(values, dict):
+            for module, file in values.get("platform_modules") or []:
+                import_platform(module, file)
+        return values
 
     @property
     def paths(self) -> RunPaths:

@@ -9,7 +9,8 @@
 ``--output`` is the output root; each invocation works in ``<output>/<run_id>/`` (``--run-id``
 names it; default ``<profile>-<UTC timestamp>``). Pass ``--run-dir`` to continue in an existing
 run folder (its config.json wins): a re-run resumes training from the last checkpoints.
-Config overrides: ``--set epochs=3 --set 'backends=["ddp","spark"]'`` (JSON values), on top of
+Config overrides: ``--set training.epochs=3 --set 'matrix.backends=["ddp","spark"]'`` (JSON values;
+the flat names ``epochs``, ``backends`` work too), on top of
 this host's defaults in BENCHMARK_DATASET_SOURCE / _TOKENIZER_SOURCE / _MODEL_SOURCE /
 _OUTPUT_ROOT (set by scripts/airflow_env.sh when ../shared/data exists), as in the DAG.
 After training, ``run`` and ``report`` follow ``pipelines.runner`` (evaluate -> report ->
@@ -28,9 +29,9 @@ import time
 import traceback
 from pathlib import Path
 
-from pipelines import preflight, runner, spark_cluster, stages
-from pipelines.config import PROFILES, Backend, ConfigError, parse_set_options, read_config, site_defaults
-from pipelines.paths import RunPaths, cell_name
+from pipelines import platforms, runner, spark_cluster, stages
+from pipelines.config import PROFILES, ConfigError, parse_set_options, read_config, site_defaults
+from pipelines.paths import RunPaths
 from pipelines.signals import CellTerminated
 
 log = logging.getLogger("pipelines")
@@ -48,12 +49,13 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--run-id", help="run folder name under the output root")
         p.add_argument("--run-dir", help="continue in this existing run folder")
         p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                       help="override one config field (JSON value); repeatable")
+                       help="override one config field by dotted path (training.epochs=3) or flat "
+                            "name (epochs=3); JSON values; repeatable")
         return p
 
     with_run_options(sub.add_parser("data", help="ingest, validate and tokenize"))
     train = with_run_options(sub.add_parser("train", help="train one (backend, workers) cell"))
-    train.add_argument("--backend", required=True, choices=[b.value for b in Backend])
+    train.add_argument("--backend", required=True, choices=platforms.names())
     train.add_argument("--workers", required=True, type=int)
     train.add_argument("--repeat", type=int, default=0)
     train.add_argument("--strategy", default="default",
@@ -72,36 +74,27 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run_dir(args: argparse.Namespace) -> str:
+    """The run folder: a new one (config resolved and checked), or ``--run-dir`` checked again.
+    ``train`` checks only the cell it trains."""
+    cells = [(args.backend, args.strategy, args.workers)] if args.command == "train" else None
     if args.run_dir:
         if not RunPaths.is_run_folder(Path(args.run_dir)):
             raise ConfigError(f"--run-dir {args.run_dir}: no config.json there (not a run folder)")
-        return str(Path(args.run_dir).resolve())
+        run_dir = str(Path(args.run_dir).resolve())
+        stages.check_run(run_dir, cells)
+        return run_dir
     # this host's defaults (BENCHMARK_* variables, as in the DAG), then the command line
     overrides = {**site_defaults(), **parse_set_options(args.overrides)}
     if args.output:
-        overrides["output_root"] = args.output
+        overrides["tracking.output_root"] = args.output
     run_id = args.run_id or f"{args.profile}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
-    return stages.prepare_run(args.profile, overrides, run_id)
+    return stages.prepare_run(args.profile, overrides, run_id, cells)
 
 
 def _ensure_data(run_dir: str) -> None:
     """Run the data stage unless its token shards are already there (a resumed run)."""
     if not any(RunPaths(Path(run_dir)).token_split("test").glob("part-*.parquet")):
         log.info("data stage: %s", json.dumps(stages.data_stage(run_dir), default=str))
-
-
-def _train_all(run_dir: str, force: bool) -> list[str]:
-    """Every planned cell; a failed cell is recorded (result.json) and the others go on;
-    finished cells are skipped unless ``force``."""
-    failed = []
-    for backend, strategy, workers, repeat in stages.planned_cells(run_dir):
-        try:
-            stages.train_cell(run_dir, backend, workers, repeat, force=force, strategy=strategy)
-        except Exception as err:
-            name = cell_name(backend, workers, repeat, strategy)
-            log.error("cell %s failed: %s", name, err)
-            failed.append(name)
-    return failed
 
 
 def _command(args: argparse.Namespace) -> int:
@@ -111,18 +104,15 @@ def _command(args: argparse.Namespace) -> int:
         runner.finish(str(Path(args.run_dir).resolve()), tracking_uri=args.tracking_uri,
                       with_mlflow=not args.no_mlflow)
         return 0
-    run_dir = _run_dir(args)
+    run_dir = _run_dir(args)  # cheap checks first: a doomed run fails in seconds, not after the data stage
     print(f"run folder: {run_dir}", flush=True)
-    # cheap checks first: a doomed run fails in seconds, not after the data stage
-    preflight.check(read_config(RunPaths(Path(run_dir)).config),
-                    [args.workers] if args.command == "train" else None)
     paths = RunPaths(Path(run_dir))
     # spark_master=embedded: the run's own standalone cluster, stopped when training ends (or fails)
     with spark_cluster.embedded_cluster(paths, read_config(paths.config)):
         _ensure_data(run_dir)
         if args.command == "train":
             try:
-                print(json.dumps(stages.train_cell(run_dir, Backend(args.backend), args.workers, args.repeat,
+                print(json.dumps(stages.train_cell(run_dir, args.backend, args.workers, args.repeat,
                                                    node_rank=args.node_rank, force=args.force,
                                                    strategy=args.strategy)))
             except Exception as err:
@@ -130,7 +120,7 @@ def _command(args: argparse.Namespace) -> int:
             return 0
         if args.command != "run":  # data
             return 0
-        failed = _train_all(run_dir, args.force)
+        failed = stages.train_cells(run_dir, args.force)
     try:
         runner.finish(run_dir)
     finally:  # the hint must come out whatever the steps after training did

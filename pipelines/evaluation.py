@@ -5,7 +5,7 @@
 (``pipelines.summary.RunSummary``):
 
 - per cell: time-to-target-accuracy (MLPerf style: first epoch whose validation accuracy
-  >= ``config.target_accuracy``, and the training-phase time up to it: evaluation and
+  >= ``config.tracking.target_accuracy``, and the training-phase time up to it: evaluation and
   checkpoints excluded; None if never reached); its attempts, lost work and recovery time;
 - per (backend, strategy, workers): median/min/max over repeats (repeat r trains with seed + r) of total
   and training time, samples/s, test accuracy/macro-F1, with a 95 % bootstrap interval of the
@@ -153,8 +153,8 @@ def _aggregate(config: BenchmarkConfig, rows: list[CellRow]) -> list[Aggregate]:
     """One row per (backend, strategy, workers) with cells: statistics over the repeats that finished."""
     aggregates = []
     planned = {(b, s, n) for b, s, n, _ in config.cells()}
-    for backend in config.backends:
-        for strategy, workers in itertools.product([s.name for s in config.strategies], config.worker_counts):
+    for backend in config.matrix.backends:
+        for strategy, workers in itertools.product([s.name for s in config.matrix.strategies], config.matrix.worker_counts):
             if (backend, strategy, workers) not in planned:
                 continue  # e.g. a comm strategy at 1 worker: not applicable, no cell
             mine = [r for r in rows if r.backend == backend and r.workers == workers and r.strategy == strategy]
@@ -171,7 +171,7 @@ def _aggregate(config: BenchmarkConfig, rows: list[CellRow]) -> list[Aggregate]:
                 key=aggregate_key(backend, strategy, workers), backend=backend, strategy=strategy,
                 workers=workers, comm_bytes_per_step=_stats(col("comm_bytes_per_step")).median,
                 recall_per_class=_median_lists([r.recall_per_class for r in ok if r.recall_per_class]),
-                repeats=config.repeats, repeats_ok=len(ok), repeats_failed=len(mine) - len(ok),
+                repeats=config.matrix.repeats, repeats_ok=len(ok), repeats_failed=len(mine) - len(ok),
                 platform_mode="/".join(sorted({r.platform_mode for r in mine if r.platform_mode})) or None,
                 data_feed="/".join(sorted({r.data_feed for r in mine if r.data_feed})) or None,
                 total_seconds=total, training_seconds=_stats(col("training_seconds")),
@@ -187,7 +187,7 @@ def _aggregate(config: BenchmarkConfig, rows: list[CellRow]) -> list[Aggregate]:
                 # median over the repeats that reached the target; how many did is stated beside
                 time_to_target_seconds=_stats(tta).median, reached_target=len(tta),
                 worker_hours=worker_hours,
-                estimated_cost=None if worker_hours is None else worker_hours * config.price_per_worker_hour,
+                estimated_cost=None if worker_hours is None else worker_hours * config.tracking.price_per_worker_hour,
                 phases=_median_phases(ok),
             ))
     return _derive(aggregates)
@@ -239,15 +239,15 @@ def evaluate_run(config: BenchmarkConfig, paths: RunPaths) -> RunSummary:
                                 status="failed", error=result))
             failed.append(FailedCell(cell=name, error=result))
             continue
-        rows.append(cell_row(name, result, config.target_accuracy))
+        rows.append(cell_row(name, result, config.tracking.target_accuracy))
         if result.status != "ok":
             failed.append(FailedCell(cell=name, error=result.error or "failed (no error recorded)"))
     ok_results = [r for r in cells.values() if isinstance(r, CellResult) and r.status == "ok"]
     summary = RunSummary(
         run=paths.root.name, profile=config.profile, fingerprint=config.fingerprint(),
-        batch_policy=config.batch_policy, lr_scaling=config.lr_scaling,
+        batch_policy=config.training.batch_policy, lr_scaling=config.training.lr_scaling,
         status="success" if not failed else "failed",
-        target_accuracy=config.target_accuracy, price_per_worker_hour=config.price_per_worker_hour,
+        target_accuracy=config.tracking.target_accuracy, price_per_worker_hour=config.tracking.price_per_worker_hour,
         dataset=_manifest(paths),
         model_sources=sorted({r.model_source for r in ok_results if r.model_source}),
         hardware=Hardware(
@@ -260,7 +260,7 @@ def evaluate_run(config: BenchmarkConfig, paths: RunPaths) -> RunSummary:
                       for k in sorted({k for r in ok_results for k in r.versions})},
         ),
         cells=rows, aggregates=_aggregate(config, rows), failed=failed,
-        estimated_cost_total=sum(r.world_size * r.total_seconds / 3600.0 * config.price_per_worker_hour
+        estimated_cost_total=sum(r.world_size * r.total_seconds / 3600.0 * config.tracking.price_per_worker_hour
                                  for r in ok_results),
     )
     summary.write(paths)

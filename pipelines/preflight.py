@@ -1,10 +1,10 @@
 """Cheap checks before expensive stages, so a doomed run fails in seconds, not after the data stage.
 
-    problems = preflight.problems(config, workers=[2])   # [] when the run can start
-    preflight.check(config)                               # ConfigError listing every problem
+    problems = preflight.problems(config)                 # [] when the run can start
+    preflight.check(config, cells=[("ddp", "default", 2)])  # only the cell a `train` trains
 
-Checks: worker counts, a Spark master with executors for the dataframe feed, that every backend
-can run every strategy of the run, that the tokenizer and the model's config load from their
+Checks: worker counts, what each platform checks for its cells (``TrainingBackend.preflight``:
+the strategies it can run, a Spark master with executors for the dataframe feed), that the tokenizer and the model's config load from their
 sources, that the output root is writable, and that its disk has room for an estimate of what the
 run writes (snapshot, token shards, two checkpoints and a model per cell). Called by the CLI
 before the data stage and by the DAG's prepare_run before the run folder exists.
@@ -16,7 +16,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from pipelines.config import Backend, BenchmarkConfig, ConfigError
+from pipelines.config import BenchmarkConfig, ConfigError
 
 CHECKPOINT_MB = 55.0  # BERT-tiny weights + AdamW state, as written (measured: ~52 MB)
 MODEL_MB = 18.0  # the exported Hugging Face model per cell
@@ -25,41 +25,34 @@ SOURCE_ROWS = 50_000  # IMDB's train + test when no sample size is given
 
 
 def estimate_mb(config: BenchmarkConfig) -> float:
-    rows = (config.train_samples or SOURCE_ROWS // 2) + (config.test_samples or SOURCE_ROWS // 2)
+    rows = (config.data.train_samples or SOURCE_ROWS // 2) + (config.data.test_samples or SOURCE_ROWS // 2)
     snapshot = rows * 1.4e-3  # ~1.3 KB of text per review (parquet, compressed)
-    tokens = rows * config.max_seq_len * BYTES_PER_TOKEN / 2**20
+    tokens = rows * config.data.max_seq_len * BYTES_PER_TOKEN / 2**20
     cells = len(config.cells())
     return snapshot + tokens + cells * (2 * CHECKPOINT_MB + MODEL_MB)
 
 
-def problems(config: BenchmarkConfig, workers: list[int] | None = None) -> list[str]:
-    out = []
-    for n in workers or []:
-        if n < 1:
-            out.append(f"workers: {n} is not a worker count (>= 1)")
-    if Backend.SPARK_DATAFRAME in config.backends:
-        from pipelines.backends.spark_dataframe import local_master_refusal
+def problems(config: BenchmarkConfig, cells: list[tuple[str, str, int]] | None = None) -> list[str]:
+    """Every reason the run (or only ``cells``: (backend, strategy, workers)) cannot start."""
+    out = [f"workers: {n} is not a worker count (>= 1)" for _, _, n in cells or [] if n < 1]
+    if not out:
+        from pipelines.backends import preflight_problems
 
-        refusal = local_master_refusal(config.spark_master)
-        if refusal:
-            out.append(refusal)
-    from pipelines.backends import strategy_refusals
-
-    out += strategy_refusals(config)  # e.g. powersgd on determined: refused before any work
+        out += preflight_problems(config, cells)  # e.g. powersgd on determined: refused before any work
     try:
         from pipelines.data.tokens import load_tokenizer
 
-        load_tokenizer(config.tokenizer_source)
+        load_tokenizer(config.data.tokenizer_source)
     except OSError as err:
         out.append(str(err))
     try:
         from transformers import AutoConfig
 
-        AutoConfig.from_pretrained(config.model_source)
+        AutoConfig.from_pretrained(config.training.model_source)
     except (OSError, ValueError) as err:
-        out.append(f"model_source={config.model_source!r}: no model config can be loaded from it ({err}); "
+        out.append(f"model_source={config.training.model_source!r}: no model config can be loaded from it ({err}); "
                    "give a reachable/cached hub id or a folder with config.json (weights optional)")
-    root = Path(config.output_root)
+    root = Path(config.tracking.output_root)
     try:
         root.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=root, prefix=".write-check-"):
@@ -75,7 +68,7 @@ def problems(config: BenchmarkConfig, workers: list[int] | None = None) -> list[
     return out
 
 
-def check(config: BenchmarkConfig, workers: list[int] | None = None) -> None:
-    found = problems(config, workers)
+def check(config: BenchmarkConfig, cells: list[tuple[str, str, int]] | None = None) -> None:
+    found = problems(config, cells)
     if found:
         raise ConfigError("the run cannot start:\n  " + "\n  ".join(found))

@@ -1,7 +1,7 @@
 """Nightly regression check against baselines of like runs in MLflow.
 
 A run is compared only with runs that did the same work on the same kind of hardware: parent
-runs in ``config.mlflow_experiment`` with the same config fingerprint (``benchmark.fingerprint``:
+runs in ``config.tracking.mlflow_experiment`` with the same config fingerprint (``benchmark.fingerprint``:
 every field that changes the work or the result) and hardware class
 (``benchmark.hardware_class``: device kind and count, CPU model, hosts), that succeeded
 (``benchmark.status=success``: no failed cell), whose data contract was not relaxed
@@ -64,7 +64,7 @@ def _started(run) -> float:
 
 def comparable_runs(client, config: BenchmarkConfig, paths: RunPaths, hardware: str) -> list:
     """Earlier successful parent runs of the same fingerprint and hardware class, oldest first."""
-    exp = client.get_experiment_by_name(config.mlflow_experiment)
+    exp = client.get_experiment_by_name(config.tracking.mlflow_experiment)
     if exp is None:
         return []
     own, own_dir, started = parent_run_id(config, paths), str(paths.root.resolve()), run_started_at(paths)
@@ -86,11 +86,11 @@ def comparable_runs(client, config: BenchmarkConfig, paths: RunPaths, hardware: 
 def references(client, config: BenchmarkConfig, paths: RunPaths, hardware: str) -> dict[str, list]:
     """{"recent": the last K comparable runs, "long_term": pinned run or the oldest K in the window}."""
     runs = comparable_runs(client, config, paths, hardware)
-    k = config.regression_baseline_runs
-    if config.regression_pinned_baseline:
-        long_term = [client.get_run(config.regression_pinned_baseline)]
+    k = config.tracking.regression_baseline_runs
+    if config.tracking.regression_pinned_baseline:
+        long_term = [client.get_run(config.tracking.regression_pinned_baseline)]
     else:
-        since = run_started_at(paths) - config.regression_window_days * DAY_S
+        since = run_started_at(paths) - config.tracking.regression_window_days * DAY_S
         long_term = [r for r in runs if _started(r) >= since][:k]
     return {"recent": runs[-k:], "long_term": long_term}
 
@@ -124,20 +124,20 @@ def compare(config: BenchmarkConfig, summary: RunSummary, reference: dict[str, f
         else:
             row["slowdown"] = (new_t - old_t) / old_t if old_t else None
             beyond_noise = ci.n < 2 or (ci.low is not None and ci.low > old_t)
-            if row["slowdown"] is not None and row["slowdown"] > config.regression_time_threshold \
+            if row["slowdown"] is not None and row["slowdown"] > config.tracking.regression_time_threshold \
                     and beyond_noise:
                 row["alarms"].append("time")
                 regressions.append(
                     f"{key}: median total time {old_t:.2f} s -> {new_t:.2f} s "
-                    f"({row['slowdown'] * 100:+.1f} %, allowed +{config.regression_time_threshold * 100:.0f} %"
+                    f"({row['slowdown'] * 100:+.1f} %, allowed +{config.tracking.regression_time_threshold * 100:.0f} %"
                     f"; vs {label})")
         if old_a is not None and new_a is not None:
             row["accuracy_drop"] = old_a - new_a
-            if row["accuracy_drop"] > config.regression_accuracy_drop:
+            if row["accuracy_drop"] > config.tracking.regression_accuracy_drop:
                 row["alarms"].append("accuracy")
                 regressions.append(
                     f"{key}: median test accuracy {old_a:.4f} -> {new_a:.4f} "
-                    f"(drop {row['accuracy_drop']:.4f}, allowed {config.regression_accuracy_drop}; vs {label})")
+                    f"(drop {row['accuracy_drop']:.4f}, allowed {config.tracking.regression_accuracy_drop}; vs {label})")
         cells.append(row)
     return cells, regressions
 
@@ -150,8 +150,8 @@ def check_regression(config: BenchmarkConfig, paths: RunPaths) -> dict[str, Any]
     out: dict[str, Any] = {"profile": config.profile, "fingerprint": config.fingerprint(),
                            "hardware_class": summary.hardware.hardware_class,
                            "tracking_uri": config.resolved_tracking_uri(),
-                           "thresholds": {"time": config.regression_time_threshold,
-                                          "accuracy_drop": config.regression_accuracy_drop},
+                           "thresholds": {"time": config.tracking.regression_time_threshold,
+                                          "accuracy_drop": config.tracking.regression_accuracy_drop},
                            "baseline_runs": _names(refs["recent"]), "long_term_runs": _names(refs["long_term"])}
     if not refs["recent"]:
         verdict = ("this run sets the baseline" if summary.status == "success"

@@ -8,6 +8,12 @@ checkpoints into the cell folder after the task is gone. While a cell trains,
 (SIGTERM, then SIGKILL after ``GRACE_S``), then raise ``CellTerminated`` in the training
 thread, so the cell's result is written as failed with the signal's name and its MLflow run
 ends FAILED (both handle any exception on the way out).
+
+For launchers that install handlers of their own (``ray.init`` replaces SIGTERM's with one
+that exits at once), ``RaiseOnceHandlers`` saves and restores the project's and, meanwhile,
+only raises ``CellTerminated`` (once, remembered if the library swallows it); ``cause_of``
+finds that exception behind the library's wrapping; ``stop_leftovers`` waits for a stopped
+cluster's processes, then SIGKILLs the rest.
 """
 
 from __future__ import annotations
@@ -39,12 +45,81 @@ def terminate_descendants(grace: float = GRACE_S) -> list[int]:
     for child in children:
         with contextlib.suppress(psutil.NoSuchProcess):
             child.terminate()
-    _, alive = psutil.wait_procs(children, timeout=grace)
-    for child in alive:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            child.kill()
-    psutil.wait_procs(alive, timeout=grace)
+    _kill_survivors(children, grace, grace)
     return [c.pid for c in children]
+
+
+def _kill_survivors(processes: list, grace: float, kill_wait: float) -> list:
+    """Wait up to ``grace`` for ``processes`` (psutil) to exit, SIGKILL the rest (then wait up
+    to ``kill_wait`` for them); returns those that had to be killed."""
+    import psutil
+
+    _, alive = psutil.wait_procs(processes, timeout=grace)
+    for proc in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=kill_wait)
+    return alive
+
+
+def stop_leftovers(processes: list, grace_s: float = GRACE_S, owner: str = "cell") -> list:
+    """After a platform shut its processes down (e.g. ``ray.shutdown()``): give them ``grace_s``
+    to exit (workers may notice their daemon is gone only by polling, seconds on a loaded
+    host), then SIGKILL the rest, so none outlives its cell. Returns those that were killed."""
+    alive = _kill_survivors(processes, grace_s, 5.0)
+    if alive:
+        log.warning("%s: %d process(es) still running %.0f s after shutdown were killed", owner, len(alive), grace_s)
+    return alive
+
+
+def cause_of(err: BaseException | None) -> CellTerminated | None:
+    """The ``CellTerminated`` behind ``err`` (itself, or in its chain of causes / contexts): a
+    library may wrap what a signal handler raised (Ray's C++ core makes it a ``SystemError``)."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, CellTerminated):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
+
+
+class RaiseOnceHandlers:
+    """Keep the project's SIGTERM/SIGINT handlers across a library that replaces them.
+
+    Built before the library starts: saves the current handlers (main thread only; elsewhere
+    every method does nothing). ``raise_once`` then installs handlers that only raise
+    ``CellTerminated(signum, what)``, once (a second signal is remembered, not raised), so the
+    caller's ``finally`` can shut the library down in order; ``terminated`` answers the signal
+    also when the library swallowed the exception; ``restore`` puts the saved handlers back."""
+
+    def __init__(self, what: str = "the cell's platform shut down") -> None:
+        self.what = what
+        self.main = threading.current_thread() is threading.main_thread()  # handlers live there
+        self.saved = {s: signal.getsignal(s) for s in SIGNALS} if self.main else {}
+        self.stopped: int | None = None  # the signal received (raise_once)
+
+    def restore(self) -> None:
+        for signum, handler in self.saved.items():
+            if handler is not None and signal.getsignal(signum) is not handler:
+                signal.signal(signum, handler)
+
+    def raise_once(self) -> None:
+        if not self.main:
+            return
+
+        def handler(signum, frame):
+            first = self.stopped is None
+            self.stopped = self.stopped or signum
+            if first:
+                raise CellTerminated(signum, self.what)
+
+        for s in SIGNALS:
+            signal.signal(s, handler)
+
+    def terminated(self) -> CellTerminated | None:
+        """The signal that stopped the cell, also when the library swallowed the handler's exception."""
+        return None if self.stopped is None else CellTerminated(self.stopped, self.what)
 
 
 @contextlib.contextmanager

@@ -169,7 +169,7 @@ def stop(paths: RunPaths) -> list[int]:
 def embedded_cluster(paths: RunPaths, config: BenchmarkConfig) -> Iterator[str | None]:
     """Start the run's cluster when the config asks for it and none runs; stop the one it
     started afterwards, whatever happened (a cluster started by someone else is left alone)."""
-    if config.spark_master != EMBEDDED or is_running(paths):
+    if config.engine("spark").master != EMBEDDED or is_running(paths):
         yield None
         return
     with raise_on_sigterm():  # a SIGTERM'd run still stops its cluster
@@ -181,8 +181,8 @@ def embedded_cluster(paths: RunPaths, config: BenchmarkConfig) -> Iterator[str |
 
 def master_url(config: BenchmarkConfig, paths: RunPaths) -> str:
     """The master Spark connects to: the embedded cluster's URL, or the configured master."""
-    if config.spark_master != EMBEDDED:
-        return config.spark_master
+    if config.engine("spark").master != EMBEDDED:
+        return config.engine("spark").master
     url = _read(paths)["url"]
     if not is_running(paths):
         raise ClusterNotRunning(f"the run's embedded Spark cluster ({url}) is not running; see "

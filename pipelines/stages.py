@@ -1,7 +1,9 @@
 """The benchmark's steps as plain functions of a run folder (Kedro-style nodes).
 
 The Airflow DAG runs one task per function and passes only the run folder (a path) between
-them; ``python -m pipelines run`` calls the same functions in order. Every step reads the
+them; ``python -m pipelines run`` calls the same functions in order: ``prepare_run`` (config +
+preflight + run folder), the data steps, ``train_cell`` for every planned cell (one retry
+policy), then ``pipelines.runner``'s steps. Every step reads the
 resolved config from ``<run_dir>/config.json``, so any step can be retried on its own.
 """
 
@@ -9,13 +11,15 @@ from __future__ import annotations
 
 import logging
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
-from pipelines.config import Backend, BenchmarkConfig, load_config, read_config, save_config
-from pipelines.paths import DEFAULT_STRATEGY, CellPaths, RunPaths, safe_run_id
+from pipelines.config import BenchmarkConfig, load_config, read_config, save_config
+from pipelines.paths import DEFAULT_STRATEGY, CellPaths, RunPaths, cell_name, safe_run_id
 
 log = logging.getLogger(__name__)
+RETRY_DELAY_S = 2.0  # between a failed try of a cell and its retry
 
 
 def _load(run_dir: str | Path, tracking_uri: str | None = None) -> tuple[BenchmarkConfig, RunPaths]:
@@ -23,17 +27,23 @@ def _load(run_dir: str | Path, tracking_uri: str | None = None) -> tuple[Benchma
     paths = RunPaths(Path(run_dir))
     config = read_config(paths.config)
     if tracking_uri:
-        config = config.model_copy(update={"mlflow_tracking_uri": tracking_uri})
+        config = config.model_copy(update={"tracking.mlflow_tracking_uri": tracking_uri})
     return config, paths
 
 
-def prepare_run(profile: str, overrides: dict[str, Any] | None, run_id: str) -> str:
-    """Resolve the config and create ``<output_root>/<run_id>/config.json``. Returns run_dir.
+def prepare_run(profile: str, overrides: dict[str, Any] | None, run_id: str,
+                cells: list[tuple[str, str, int]] | None = None) -> str:
+    """Resolve the config, check it (``pipelines.preflight``: only ``cells``, (backend, strategy,
+    workers), when given; else every cell of the run) and create ``<output_root>/<run_id>/config.json``.
+    Returns run_dir. The CLI and the DAG both start a run with this.
 
     Idempotent for the same inputs (a retried task writes the same file).
     """
+    from pipelines import preflight
+
     config = load_config(profile, overrides)
-    root = Path(config.output_root).resolve()
+    preflight.check(config, cells)  # seconds, before any data work
+    root = Path(config.tracking.output_root).resolve()
     paths = RunPaths(root / safe_run_id(run_id))
     if paths.root.resolve().parent != root:  # safe_run_id never allows it; keep it that way
         raise ValueError(f"run id {run_id!r} would leave the output root {root}")
@@ -44,6 +54,13 @@ def prepare_run(profile: str, overrides: dict[str, Any] | None, run_id: str) -> 
         save_config(config, paths.config)
     log.info("run folder %s, config:\n%s", paths.root, config.to_json())
     return str(paths.root)
+
+
+def check_run(run_dir: str, cells: list[tuple[str, str, int]] | None = None) -> None:
+    """The preflight of an existing run folder (a resumed run)."""
+    from pipelines import preflight
+
+    preflight.check(_load(run_dir)[0], cells)
 
 
 def ingest(run_dir: str) -> dict:
@@ -80,7 +97,7 @@ def data_stage(run_dir: str) -> dict:
     }
 
 
-def planned_cells(run_dir: str) -> list[tuple[Backend, str, int, int]]:
+def planned_cells(run_dir: str) -> list[tuple[str, str, int, int]]:
     """Every (backend, strategy, workers, repeat) of the run (Backend is a str: JSON-friendly)."""
     config, _ = _load(run_dir)
     return config.cells()
@@ -100,21 +117,20 @@ def completed_result(cell: CellPaths):
     return result if done else None
 
 
-def train_cell(run_dir: str, backend: Backend, workers: int, repeat: int = 0,
+def train_cell(run_dir: str, backend: str, workers: int, repeat: int = 0,
                node_rank: int | None = None, force: bool = False, strategy: str = DEFAULT_STRATEGY) -> dict:
     """Train one (backend, strategy, workers, repeat) cell; writes cells/<cell>/result.json.
 
     ``strategy``: the name of one of the run's ``strategies`` (``"default"``, ``"powersgd-r2"``).
+    A failed cell is trained again up to ``matrix.cell_retries`` times, each retry resuming from
+    its last checkpoint: the one retry policy of the CLI and the DAG. A signal (SIGTERM, Ctrl-C)
+    is never retried.
 
     A cell that already finished is skipped (its result stands); ``force`` deletes the cell
     folder and trains it from scratch. An unfinished cell resumes from its last checkpoint
-    (an Airflow retry, ``run --run-dir``). ``node_rank`` (multi-node ddp): this machine's rank;
-    every node runs the same cell.
+    (``run --run-dir``). ``node_rank`` (multi-node ddp): this machine's rank; every node runs
+    the same cell.
     """
-    from pipelines.backends import run_cell
-    from pipelines.signals import terminate_tree_on_signal
-    from pipelines.tracking import cell_tracking
-
     config, paths = _load(run_dir)
     config.strategy(strategy)  # a name the run does not have is refused before anything happens
     cell = paths.cell(backend, workers, repeat, strategy)
@@ -124,15 +140,47 @@ def train_cell(run_dir: str, backend: Backend, workers: int, repeat: int = 0,
         log.info("%s already finished (%s): skipped; --force trains it again", cell.name, cell.result)
         return {"cell": cell.name, "status": done.status, "total_seconds": done.total_seconds, "skipped": True}
     if node_rank is not None:
-        config = config.model_copy(update={"ddp_node_rank": node_rank})
-    with terminate_tree_on_signal():  # SIGTERM/SIGINT: no orphan keeps training, the cell fails
-        if config.ddp_node_rank > 0:  # node 0 tracks the cell; other nodes only lend processes
-            result = run_cell(config, paths, backend, workers, repeat, strategy)
-        else:
-            with cell_tracking(config, paths, backend, workers, repeat, strategy):
-                result = run_cell(config, paths, backend, workers, repeat, strategy)
+        config = config.model_copy(update={"engines.ddp.node_rank": node_rank})
+    retries = config.matrix.cell_retries
+    for tries in range(retries + 1):
+        try:
+            result = _train_once(config, paths, backend, workers, repeat, strategy)
+            break
+        except Exception as err:  # CellTerminated (a signal) is a BaseException: never retried
+            if tries == retries:
+                raise
+            log.warning("cell %s failed (%s); retry %d of %d resumes from its last checkpoint",
+                        cell.name, err, tries + 1, retries)
+            time.sleep(RETRY_DELAY_S)
     return {"cell": cell.name, "status": result.status, "total_seconds": result.total_seconds,
-            "skipped": False}
+            "skipped": False, "tries": tries + 1}
+
+
+def _train_once(config: BenchmarkConfig, paths: RunPaths, backend: str, workers: int, repeat: int,
+                strategy: str):
+    from pipelines.backends import run_cell
+    from pipelines.signals import terminate_tree_on_signal
+    from pipelines.tracking import cell_tracking
+
+    with terminate_tree_on_signal():  # SIGTERM/SIGINT: no orphan keeps training, the cell fails
+        if config.engine("ddp").node_rank > 0:  # node 0 tracks the cell; other nodes only lend processes
+            return run_cell(config, paths, backend, workers, repeat, strategy)
+        with cell_tracking(config, paths, backend, workers, repeat, strategy):
+            return run_cell(config, paths, backend, workers, repeat, strategy)
+
+
+def train_cells(run_dir: str, force: bool = False) -> list[str]:
+    """Every planned cell of the run in order, each with ``train_cell``'s retries; a cell that
+    still fails is recorded (result.json) and the others go on. Returns the failed cells' names."""
+    failed = []
+    for backend, strategy, workers, repeat in planned_cells(run_dir):
+        try:
+            train_cell(run_dir, backend, workers, repeat, force=force, strategy=strategy)
+        except Exception as err:
+            name = cell_name(backend, workers, repeat, strategy)
+            log.error("cell %s failed: %s", name, err)
+            failed.append(name)
+    return failed
 
 
 def evaluate(run_dir: str) -> dict:

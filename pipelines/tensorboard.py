@@ -48,6 +48,6 @@ def write_events(result: CellResult, cell: CellPaths) -> CellPaths:
     with SummaryWriter(log_dir=str(cell.tensorboard)) as writer:
         for tag, value, step in scalars(result):
             writer.add_scalar(tag, float(value), global_step=step)
-        writer.add_text("cell", f"{result.backend.value} x {result.world_size} workers, repeat {result.repeat}, "
+        writer.add_text("cell", f"{str(result.backend)} x {result.world_size} workers, repeat {result.repeat}, "
                                 f"mode {result.platform_mode or 'n/a'}, device {result.device}", global_step=0)
     return cell

@@ -37,3 +37,32 @@ def env(epoch: int, project_root, cell: str | None = None) -> dict[str, str]:
     if cell:
         out[HOLD_CELL_ENV] = cell
     return out
+
+
+FAIL_HOOK = "tests.fault_injection:fail_first_tries"
+FAIL_TRIES_ENV = "FAULT_FAIL_TRIES"  # try k of the first N tries fails at the end of epoch k
+
+
+def fail_first_tries(epoch: int, rank: int, cell_dir, **_) -> None:
+    """Rank 0 raises at the end of epoch k on try k (attempts.json counts them) for the first N
+    tries: each retry resumes from the checkpoint the try before wrote and fails one epoch later,
+    so a retry policy can be watched doing its work (the cell needs at least N epochs)."""
+    from pipelines import attempts
+    from pipelines.paths import CellPaths
+
+    only = os.environ.get(HOLD_CELL_ENV)
+    if only and Path(cell_dir).name != only:
+        return
+    tries = int(os.environ.get(FAIL_TRIES_ENV, "0"))
+    current = len(attempts.read(CellPaths(Path(cell_dir))))
+    if rank == 0 and epoch == current <= tries:
+        raise RuntimeError(f"fault injection: try {current} of {Path(cell_dir).name} fails ({FAIL_TRIES_ENV}={tries})")
+
+
+def fail_env(tries: int, project_root, cell: str | None = None) -> dict[str, str]:
+    """Environment variables that make the first ``tries`` tries of ``cell`` (or every cell) fail."""
+    pythonpath = os.pathsep.join(p for p in (str(project_root), os.environ.get("PYTHONPATH", "")) if p)
+    out = {"PIPELINES_EPOCH_END_HOOK": FAIL_HOOK, FAIL_TRIES_ENV: str(tries), "PYTHONPATH": pythonpath}
+    if cell:
+        out[HOLD_CELL_ENV] = cell
+    return out

@@ -18,8 +18,8 @@ from pipelines.paths import RunPaths
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def cli(*args: str, cwd: Path, **extra_env: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **extra_env}
     env.pop("MLFLOW_TRACKING_URI", None)
     return subprocess.run([sys.executable, "-m", "pipelines", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=900)
@@ -78,6 +78,39 @@ def test_train_one_cell_writes_its_result(tmp_path, imdb_dir, bert_tiny_dir):
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((RunPaths(tmp_path / "out" / "one").cell("ddp", 1, 0).result).read_text())
     assert result["backend"] == "ddp" and result["status"] == "ok" and result["test"]["accuracy"] > 0
+
+
+@pytest.mark.slow
+def test_a_failing_cell_is_retried_cell_retries_times(tmp_path, imdb_dir, bert_tiny_dir):
+    """The CLI's retries are matrix.cell_retries (2 by default), as the DAG's
+    (tests/airflow/test_dag.py::test_dags_test_runs_the_whole_benchmark)."""
+    from tests import fault_injection
+
+    common = ("train", "--backend", "ddp", "--workers", "1", "--profile", "smoke", "--output", str(tmp_path / "out"),
+              *data_options(imdb_dir, bert_tiny_dir), "--set", "training.epochs=3")
+    proc = cli(*common, "--run-id", "two-fail", cwd=tmp_path, **fault_injection.fail_env(2, ROOT))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((RunPaths(tmp_path / "out" / "two-fail").cell("ddp", 1, 0).result).read_text())
+    assert result["status"] == "ok"
+    assert [a["outcome"] for a in result["attempts"]] == ["failed", "failed", "ok"]  # 2 retries
+    assert [e["epoch"] for e in result["epochs"]] == [1, 2, 3]  # each retry resumed where the last stopped
+    assert "retry 2 of 2 resumes" in proc.stderr
+
+    proc = cli(*common, "--run-id", "three-fail", cwd=tmp_path, **fault_injection.fail_env(3, ROOT))
+    assert proc.returncode == 1 and "fault injection: try 3" in proc.stderr
+    result = json.loads((RunPaths(tmp_path / "out" / "three-fail").cell("ddp", 1, 0).result).read_text())
+    assert result["status"] == "failed" and [a["outcome"] for a in result["attempts"]] == ["failed"] * 3
+
+
+@pytest.mark.slow
+def test_train_checks_only_the_cell_it_trains(tmp_path, imdb_dir, bert_tiny_dir):
+    """The run's determined cells could not take powersgd; training a ddp cell does not care."""
+    proc = cli("train", "--backend", "ddp", "--workers", "2", "--strategy", "powersgd-r2", "--profile", "smoke",
+               "--output", str(tmp_path / "out"), "--run-id", "one", *data_options(imdb_dir, bert_tiny_dir),
+               "--set", 'matrix.strategies=["powersgd-r2"]', "--set", "training.epochs=1", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((RunPaths(tmp_path / "out" / "one").cell("ddp", 2, 0, "powersgd-r2").result).read_text())
+    assert result["status"] == "ok" and result["strategy"] == "powersgd-r2"
 
 
 def test_bad_input_is_refused_with_the_field_named(tmp_path):

@@ -1,4 +1,7 @@
-"""The one typed config: profiles, layering, and errors that name the field."""
+"""The one typed config: profiles, layering, sections and flat aliases, and errors that name the field."""
+
+import json
+from pathlib import Path
 
 import pytest
 
@@ -94,3 +97,43 @@ def test_fingerprint_follows_the_work_not_the_placement(make_config):
     assert base.fingerprint() != make_config(learning_rate=5e-4).fingerprint()
     assert base.fingerprint() != make_config(batch_policy="per_worker" if base.batch_policy == "global"
                                              else "global").fingerprint()
+
+
+# --- sections, flat aliases, configs written before sections existed ------------------------------
+FLAT_CONFIG = Path(__file__).parent / "fixtures" / "config_before_sections.json"  # as the previous release wrote it
+
+
+def test_dotted_paths_and_flat_names_set_the_same_field():
+    assert load_config("smoke", {"training.epochs": 1}) == load_config("smoke", {"epochs": 1})
+    config = load_config("smoke", {"engines.spark.master": "embedded", "matrix.repeats": 2})
+    assert config.engine("spark").master == config.spark_master == "embedded" and config.matrix.repeats == 2
+    assert config.model_copy(update={"ray_address": "auto"}).engines.ray.address == "auto"
+    with pytest.raises(ConfigError, match="training.nope"):
+        load_config("smoke", {"training.nope": 1})
+
+
+def test_a_config_written_before_sections_still_loads_and_keeps_its_fingerprint(tmp_path):
+    from pipelines.config import read_config
+
+    config = read_config(FLAT_CONFIG)
+    assert config.fingerprint() == "11a5fc0551650206"  # what the previous release computed for it
+    assert (config.training.epochs, config.matrix.backends, config.engine("spark").master,
+            config.engine("ray").address, config.tracking.price_per_worker_hour) == (
+        1, ["ddp", "spark"], "local[2]", "auto", 1.5)
+    flat = json.loads(FLAT_CONFIG.read_text())
+    assert {k: v for k, v in config.flat().items() if k in flat} == flat  # MLflow params keep their names
+
+
+def test_an_older_run_folder_reports(tmp_path):
+    """A run folder whose config.json predates sections: evaluated and reported as before."""
+    from pipelines import stages
+    from tests.synthetic_results import write_synthetic_run
+
+    flat = json.loads(FLAT_CONFIG.read_text())
+    flat["output_root"] = str(tmp_path / "runs")
+    config = BenchmarkConfig.model_validate(flat)
+    paths, _ = write_synthetic_run(config, name="old-run")
+    paths.config.write_text(json.dumps(flat, indent=2))  # the file exactly as the old release left it
+    assert stages.evaluate(str(paths.root))["cells"] == 4
+    md = Path(stages.report(str(paths.root))["markdown"]).read_text()
+    assert "ddp" in md and "spark" in md

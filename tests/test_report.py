@@ -100,7 +100,7 @@ def test_report_with_every_cell_failed(make_config):
 
 
 def test_report_sets_each_platform_beside_the_study_with_its_mode(make_config):
-    from pipelines.report import STUDY_OVERHEAD, study_rows
+    from pipelines.report import study_overhead, study_rows
 
     config = make_config(backends=["ddp", "spark", "determined"], worker_counts=[1, 2], repeats=1)
     paths, results = write_synthetic_run(config)
@@ -117,7 +117,7 @@ def test_report_sets_each_platform_beside_the_study_with_its_mode(make_config):
         assert row[4] == f"{overhead * 100:+.1f} %"
         extra_launch = cell.phases["launch"] - ddp.phases["launch"]  # the phase that explains it
         assert f"mostly launch: launch {extra_launch:+.2f} s" in row[6]
-        assert row[7].startswith(f"{STUDY_OVERHEAD[backend] * 100:+.0f} %")
+        assert row[7].startswith(f"{study_overhead(backend) * 100:+.0f} %")
     # each local mode is labelled as not being the platform's cluster overhead
     assert "Local modes are not the platform's cluster overhead" in md
     assert "spark (local): TorchDistributor in local mode" in md and "determined (local)" in md

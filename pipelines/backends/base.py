@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+from pydantic import BaseModel
+
 from pipelines import attempts, tensorboard
-from pipelines.cell import CellSpec
+from pipelines.cell import CellSpec, platform_modules
 from pipelines.config import Backend, BenchmarkConfig, TrainingStrategy
 from pipelines.data.manifest import read_manifest, task_labels
 from pipelines.paths import CellPaths, RunPaths
@@ -42,13 +45,63 @@ class UnsupportedStrategy(ValueError):
     """A training strategy this backend cannot run (or that does not apply at this worker count)."""
 
 
-class TrainingBackend(ABC):
-    """``run(config, world_size, paths=..., cell=...) -> CellResult``."""
+@dataclass(frozen=True)
+class Host:
+    """One machine a cell's ranks may run on (``TrainingBackend.launch_on_hosts``)."""
 
-    name: ClassVar[Backend]
+    name: str
+    address: str
+    slots: int = 1
+
+
+class TrainingBackend(ABC):
+    """A training platform: ``run(config, world_size, paths=..., cell=...) -> CellResult``.
+
+    A subclass that sets ``name`` is a platform: defining it registers it
+    (``pipelines.platforms``). It implements ``launch`` and declares, as class attributes and
+    small methods, all the rest the project needs to know about it."""
+
+    name: ClassVar[str]
+    order: ClassVar[int] = 100  # position in reports and the default matrix
+    label: ClassVar[str] = ""  # human name, e.g. "PyTorch DDP (torchrun)"
+    colour: ClassVar[str] = "#64748b"  # plots and the Benchmarks page
+    # engines.<name> in the config: a pydantic model of the platform's own settings; fields made
+    # with pipelines.config.deployment(...) are set by the deployment, never by a trigger
+    settings: ClassVar[type[BaseModel] | None] = None
+    # platform_mode -> what that mode leaves out of a deployed platform (the report's caveats)
+    mode_caveats: ClassVar[dict[str, str]] = {}
+    # the published study's overhead of this platform over DDP (fraction), where it measured one
+    study_overhead: ClassVar[float | None] = None
     # how the training rows reach the ranks, recorded as CellResult.data_feed: "files" = every rank
     # reads the token shards through the shared loop; "dataframe" = through Spark (spark_dataframe)
     data_feed: ClassVar[str] = "files"
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" in cls.__dict__:  # a platform; a shared base without a name is not
+            from pipelines import platforms
+
+            platforms.register(cls)
+
+    def preflight(self, config: BenchmarkConfig, cells: list[tuple[str, int]]) -> list[str]:
+        """Why the run cannot train these (strategy, workers) cells here, checked in seconds before
+        any data work: the strategy refusals, plus what a platform adds (e.g. a master it needs)."""
+        out = []
+        for strategy, workers in cells:
+            reason = self.strategy_refusal(config.strategy(strategy), workers)
+            if reason:
+                out.append(reason)
+        return out
+
+    def cleanup(self) -> list[int]:
+        """Stop what a failed or interrupted cell of this platform left running on this host;
+        returns the pids stopped. The default has nothing to stop (the launchers wait for their
+        process trees; ``pipelines.signals`` takes them down on SIGTERM)."""
+        return []
+
+    def launch_on_hosts(self, spec: CellSpec, launch_time: float, hosts: list[Host]) -> None:
+        """Start the cell's ranks across ``hosts`` by the platform's own multi-node path."""
+        raise NotImplementedError(f"{self.name}: no multi-host launch yet")
 
     def strategy_refusal(self, strategy: TrainingStrategy, world_size: int) -> str | None:
         """Why this backend cannot run ``strategy`` on ``world_size`` workers, or None.
@@ -59,7 +112,9 @@ class TrainingBackend(ABC):
         if world_size == 1 and strategy.needs_process_group:
             return (f"strategy {strategy.name!r} on {self.name} with 1 worker: not applicable (comm hooks, "
                     "local SGD and FSDP shape how ranks communicate; a single worker has no one to talk to)")
-        if strategy.comm_hook == "bf16" and not _has_gpus():
+        from pipelines.launch import has_gpus
+
+        if strategy.comm_hook == "bf16" and not has_gpus():
             return (f"strategy {strategy.name!r} on {self.name}: bf16 gradient compression needs NCCL on GPUs "
                     "(torch's bf16_compress_hook refuses gloo); use fp16 on CPU hosts")
         return None
@@ -78,13 +133,13 @@ class TrainingBackend(ABC):
         self.check_strategy(cell_config.strategy(), world_size)
         return CellSpec(config=cell_config, run_root=Path(paths.root),
                         cell_dir=cell.root, backend=self.name, world_size=world_size, repeat=repeat,
-                        labels=task_labels(read_manifest(paths)))
+                        labels=task_labels(read_manifest(paths)), platform_modules=platform_modules(cell_config))
 
     def run(self, config: BenchmarkConfig, world_size: int, *, paths: RunPaths,
             cell: CellPaths | None = None, repeat: int = 0, strategy: str | None = None) -> CellResult:
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
-        strategy = strategy or config.strategies[0].name
+        strategy = strategy or config.matrix.strategies[0].name
         cell = cell or paths.cell(self.name, world_size, repeat, strategy)
         spec = self.spec(config, world_size, paths, cell, repeat, strategy)  # bad input fails before the lock
         with attempts.host_lock() as waited:
@@ -102,10 +157,13 @@ class TrainingBackend(ABC):
                 result = CellResult.read(cell.worker_result)
             except BaseException as err:
                 attempts.end(cell, "failed", error=f"{type(err).__name__}: {err}"[-2000:])
+                stopped = self.cleanup()
+                if stopped:
+                    log.warning("%s: stopped %d process(es) the failed cell left: %s", self.name, len(stopped), stopped)
                 raise
             history = attempts.end(cell, "ok", startup_seconds=result.startup_seconds)
         result = result.model_copy(update={
-            "backend": self.name, "repeat": repeat, "attempts": history, **attempts.totals(history),
+            "backend": Backend(self.name), "repeat": repeat, "attempts": history, **attempts.totals(history),
             "phases": cell_phases(result, history),
             **spec.config.strategy().result_fields(),
             "timed_window": TimedWindow(start=launch_time, end=history[-1].end, lock_wait_seconds=waited),
@@ -131,14 +189,3 @@ class TrainingBackend(ABC):
         """Backend-specific CellResult fields: ``platform_mode`` (how the platform ran, so a local
         mode is never read as a cluster's overhead) and e.g. how Spark's session was started."""
         return {}
-
-
-def _has_gpus() -> bool:
-    """CUDA GPUs on this host (nvidia-smi; no torch import in the adapter)."""
-    import shutil
-    import subprocess
-
-    if not shutil.which("nvidia-smi"):
-        return False
-    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False)
-    return any(line.startswith("GPU ") for line in out.stdout.splitlines())

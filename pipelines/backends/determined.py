@@ -1,7 +1,7 @@
 """Determined AI: the benchmark trial (``pipelines.training.det_trial``) under Determined's loop.
 
 No master (default): ``det.pytorch.Trainer`` in local mode, one process per rank started by
-torchrun (the same launcher builders as the DDP backend), so both see identical start-up.
+torchrun (``pipelines.launch``, the DDP backend's launcher too), so both see identical start-up.
 With ``determined_master`` set: the same run is submitted as an experiment through the SDK
 (``determined.experimental.client.create_experiment``) with the config from
 ``experiment_config``; the run folder must then be on storage the agents mount at the same
@@ -19,11 +19,13 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from pipelines.backends import ddp
+from pydantic import BaseModel, ConfigDict
+
 from pipelines.backends.base import TrainingBackend
 from pipelines.cell import CellSpec
-from pipelines.config import Backend, BenchmarkConfig, TrainingStrategy
+from pipelines.config import Backend, BenchmarkConfig, TrainingStrategy, deployment
 from pipelines.fileio import atomic_write_json
+from pipelines.launch import execute, launch_env, worker_command
 from pipelines.paths import PROJECT_ROOT
 
 log = logging.getLogger(__name__)
@@ -44,20 +46,20 @@ def experiment_config(config: BenchmarkConfig, world_size: int, cell_dir: Path,
         "name": f"{config.profile}-{Path(cell_dir).name}",
         "entrypoint": entry,
         "hyperparameters": {
-            "cell_dir": str(cell_dir), "global_batch_size": config.batch_size * world_size,
-            "learning_rate": config.learning_rate, "weight_decay": config.weight_decay,
-            "warmup_ratio": config.warmup_ratio, "seed": config.seed,
+            "cell_dir": str(cell_dir), "global_batch_size": config.training.batch_size * world_size,
+            "learning_rate": config.training.learning_rate, "weight_decay": config.training.weight_decay,
+            "warmup_ratio": config.training.warmup_ratio, "seed": config.training.seed,
         },
         "resources": {"slots_per_trial": world_size},
         "searcher": {"name": "single", "metric": SEARCHER_METRIC, "smaller_is_better": True,
-                     "max_length": {"epochs": config.epochs}},
+                     "max_length": {"epochs": config.training.epochs}},
         "min_validation_period": {"epochs": 1},
         "min_checkpoint_period": {"epochs": 1},
-        "reproducibility": {"experiment_seed": config.seed},
+        "reproducibility": {"experiment_seed": config.training.seed},
         "max_restarts": 0,
     }
-    if train_records or config.train_samples:
-        conf["records_per_epoch"] = int(train_records or config.train_samples)
+    if train_records or config.data.train_samples:
+        conf["records_per_epoch"] = int(train_records or config.data.train_samples)
     return conf
 
 
@@ -105,8 +107,24 @@ def submit_experiment(conf: dict, master: str) -> int:
     return experiment.id
 
 
+class DeterminedSettings(BaseModel):
+    """``engines.determined``: None = the local Trainer; else the master experiments go to."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    master: str | None = deployment(None, env="BENCHMARK_DETERMINED_MASTER", flat="determined_master")
+
+
 class DeterminedBackend(TrainingBackend):
     name = Backend.DETERMINED
+    order = 20
+    label = "Determined AI"
+    colour = "#047857"
+    settings = DeterminedSettings
+    study_overhead = 0.21  # the study: Determined 1.21x DDP's time
+    mode_caveats = {"local": "Determined's Trainer runs in-process under torchrun: no master, no scheduling, "
+                             "no checkpoint upload. It measures the Trainer's own bookkeeping, not a "
+                             "Determined cluster's overhead."}
 
     def strategy_refusal(self, strategy: TrainingStrategy, world_size: int) -> str | None:
         """The Trainer wraps the model in its own DDP (``context.wrap_model``) and steps the
@@ -127,9 +145,9 @@ class DeterminedBackend(TrainingBackend):
 
     def launch(self, spec: CellSpec, launch_time: float) -> None:
         cfg = spec.config
-        if cfg.ddp_nnodes > 1 and not cfg.determined_master:
+        if cfg.engine("ddp").nnodes > 1 and not cfg.engine("determined").master:
             # across machines, Determined's own master schedules the slots
-            raise ValueError(f"determined: ddp_nnodes={cfg.ddp_nnodes} applies to the ddp backend; "
+            raise ValueError(f"determined: ddp_nnodes={cfg.engine('ddp').nnodes} applies to the ddp backend; "
                              "run Determined across machines through its master (determined_master)")
         from pipelines.data.tokens import read_token_split
 
@@ -137,16 +155,16 @@ class DeterminedBackend(TrainingBackend):
         conf = experiment_config(cfg, spec.world_size, spec.cell_dir, launch_time, records)
         validate_experiment_config(conf)
         atomic_write_json(spec.cell.determined_experiment, conf)  # the trial reads it
-        if cfg.determined_master:
-            submit_experiment(conf, cfg.determined_master)
+        if cfg.engine("determined").master:
+            submit_experiment(conf, cfg.engine("determined").master)
             return
         # Determined copies the working directory into every checkpoint: run in an empty one.
         workdir = spec.cell.determined_workdir
         workdir.mkdir(parents=True, exist_ok=True)
-        cmd = ddp.worker_command(cfg, spec.world_size, spec.cell_dir, launch_time, module=TRIAL_MODULE)
-        env = ddp.launch_env(cfg, os.environ, spec.world_size)
+        cmd = worker_command(cfg, spec.world_size, spec.cell_dir, launch_time, module=TRIAL_MODULE)
+        env = launch_env(cfg, os.environ, spec.world_size)
         env["USE_TORCH_DISTRIBUTED"] = "1"
-        ddp.execute(cmd, env, spec.cell.log, cwd=workdir)
+        execute(cmd, env, spec.cell.log, cwd=workdir)
 
     def versions(self) -> dict[str, str]:
         import determined
@@ -154,4 +172,4 @@ class DeterminedBackend(TrainingBackend):
         return {"determined": determined.__version__, "launcher": "torchrun + det.pytorch.Trainer"}
 
     def platform_fields(self, spec: CellSpec) -> dict:
-        return {"platform_mode": "master" if spec.config.determined_master else "local"}
+        return {"platform_mode": "master" if spec.config.engine("determined").master else "local"}

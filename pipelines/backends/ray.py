@@ -25,17 +25,18 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
-import signal
-import threading
 import time
 from pathlib import Path
 
 import pipelines
+from pydantic import BaseModel, ConfigDict, field_validator
+
+from pipelines import signals
 from pipelines.backends.base import TrainingBackend
 from pipelines.cell import CellSpec
-from pipelines.config import Backend
-from pipelines.signals import CellTerminated
+from pipelines.config import Backend, deployment
 
 log = logging.getLogger(__name__)
 # Settings of the driver that the workers need too (a remote cluster's workers do not inherit
@@ -71,58 +72,6 @@ def local_cluster_options(world_size: int, threads: int, pid: int | None = None)
     }
 
 
-def signal_that_stopped(err: BaseException) -> CellTerminated | None:
-    """The ``CellTerminated`` behind ``err``: raised by the project's signal handler while the
-    driver waits in ``ray.get``, it reaches us wrapped in a ``SystemError`` by Ray's C++ core."""
-    seen: set[int] = set()
-    while err is not None and id(err) not in seen:
-        if isinstance(err, CellTerminated):
-            return err
-        seen.add(id(err))
-        err = err.__cause__ or err.__context__
-    return None
-
-
-class keep_signal_handlers:
-    """``ray.init`` replaces the driver's SIGTERM handler with one that exits at once; the
-    project's (``pipelines.signals``: take the cell's process tree down, record the signal) is
-    put back after it."""
-
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-    def __init__(self) -> None:
-        self.main = threading.current_thread() is threading.main_thread()  # handlers live there
-        self.saved = {s: signal.getsignal(s) for s in self.SIGNALS} if self.main else {}
-        self.stopped: int | None = None  # the signal received while Ray ran (stop_cleanly)
-
-    def restore(self) -> None:
-        for signum, handler in self.saved.items():
-            if handler is not None and signal.getsignal(signum) is not handler:
-                signal.signal(signum, handler)
-
-    def stop_cleanly(self) -> None:
-        """While the cell's Ray session is up, SIGTERM/SIGINT only raise ``CellTerminated``
-        (once; the signal is remembered), so ``launch``'s ``finally`` shuts Ray down while its
-        GCS and raylet still run. The project's handler kills the cell's processes first; a Ray
-        driver whose raylet dies while it waits in ``ray.get`` exits by itself (code 1) before it
-        can record the failure (seen in CI). ``restore`` puts the project's handlers back."""
-        if not self.main:
-            return
-
-        def handler(signum, frame):
-            first = self.stopped is None
-            self.stopped = self.stopped or signum
-            if first:
-                raise CellTerminated(signum, "Ray's cluster shut down")
-
-        for s in self.SIGNALS:
-            signal.signal(s, handler)
-
-    def terminated(self) -> CellTerminated | None:
-        """The signal that stopped the cell, also when Ray swallowed the handler's exception."""
-        return None if self.stopped is None else CellTerminated(self.stopped, "Ray's cluster shut down")
-
-
 def is_ray_process(cmdline: list[str]) -> bool:
     """Ray's binaries and workers run from the ray package (``.../ray/raylet/raylet``,
     ``.../ray/_private/workers/default_worker.py``); actors rename themselves ``ray::<name>``."""
@@ -145,26 +94,33 @@ def cluster_processes() -> list:
     return found
 
 
-def stop_leftovers(processes: list, grace_s: float = 5.0) -> list:
-    """After ``ray.shutdown()``: give the cluster's processes ``grace_s`` to exit (workers notice
-    their raylet is gone by polling, seconds on a loaded host), then SIGKILL the rest, so no Ray
-    process outlives its cell. Returns the processes that had to be killed."""
-    import psutil
+class RaySettings(BaseModel):
+    """``engines.ray``: None = a local Ray cluster per cell; else the cluster to join."""
 
-    _, alive = psutil.wait_procs(processes, timeout=grace_s)
-    for proc in alive:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=5.0)
-    if alive:
-        log.warning("ray: %d process(es) still running %.0f s after shutdown were killed", len(alive), grace_s)
-    return alive
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # "auto" (the cluster this host belongs to), "ray://host:10001" (Ray Client) or "host:6379"
+    # (the head's GCS address): join that cluster, which is left running
+    address: str | None = deployment(None, env="BENCHMARK_RAY_ADDRESS", flat="ray_address")
+
+    @field_validator("address")
+    @classmethod
+    def _known_address(cls, v: str | None) -> str | None:
+        if v is None or v == "auto" or re.fullmatch(r"(ray://)?[A-Za-z0-9_.\-]+:\d{1,5}", v):
+            return v
+        raise ValueError("must be empty (a local Ray cluster started for each cell), 'auto' (the cluster "
+                         "this host belongs to), ray://host:port (Ray Client) or host:port (the head's GCS)")
 
 
 class RayBackend(TrainingBackend):
     name = Backend.RAY
+    order = 30
+    label = "Ray Train"
+    colour = "#7c3aed"
+    settings = RaySettings
+    mode_caveats = {"local-cluster": "Ray Train on a one-node Ray cluster started for the cell on this host: its "
+                                     "start-up includes the cluster's, and there is no network between workers. "
+                                     "It measures Ray's own launch and bookkeeping, not a multi-node cluster's."}
 
     def launch(self, spec: CellSpec, launch_time: float) -> None:
         import ray
@@ -177,21 +133,27 @@ class RayBackend(TrainingBackend):
 
         cfg = spec.config
         runtime_env = {"env_vars": worker_env_vars()}
-        handlers = keep_signal_handlers()
+        # ray.init replaces the driver's SIGTERM handler with one that exits at once: the project's
+        # (pipelines.signals) is saved here and put back after the cell (restore)
+        handlers = signals.RaiseOnceHandlers("Ray's cluster shut down")
         try:  # a half-started cluster is shut down too
-            if cfg.ray_address:
-                log.info("ray: joining the cluster at %s", cfg.ray_address)
-                ray.init(address=cfg.ray_address, runtime_env=runtime_env)
+            if cfg.engine("ray").address:
+                log.info("ray: joining the cluster at %s", cfg.engine("ray").address)
+                ray.init(address=cfg.engine("ray").address, runtime_env=runtime_env)
             else:
-                options = local_cluster_options(spec.world_size, cfg.threads_per_worker)
+                options = local_cluster_options(spec.world_size, cfg.training.threads_per_worker)
                 log.info("ray: starting a local cluster (%s)", options)
                 ray.init(runtime_env=runtime_env, **options)
-            handlers.stop_cleanly()
+            # While Ray runs, a signal only raises (once), so the finally below shuts Ray down while
+            # its GCS and raylet still run: the project's handler would kill them first, and a
+            # driver whose raylet dies while it waits in ray.get exits by itself (code 1) before it
+            # can record the failure (seen in CI).
+            handlers.raise_once()
             trainer = TorchTrainer(
                 train_loop_per_worker,
                 train_loop_config={"cell_dir": str(spec.cell_dir), "launch_time": launch_time},
                 scaling_config=ScalingConfig(num_workers=spec.world_size, use_gpu=torch.cuda.is_available(),
-                                             resources_per_worker={"CPU": cfg.threads_per_worker}),
+                                             resources_per_worker={"CPU": cfg.training.threads_per_worker}),
                 run_config=RunConfig(
                     storage_path=str(spec.cell_dir / "ray"), name=spec.cell_dir.name,
                     failure_config=FailureConfig(max_failures=0),
@@ -201,13 +163,13 @@ class RayBackend(TrainingBackend):
             try:
                 result = trainer.fit()  # raises ray.train.TrainingFailedError when a worker failed
             except BaseException as err:
-                raise handlers.terminated() or signal_that_stopped(err) or err
+                raise handlers.terminated() or signals.cause_of(err) or err  # Ray wraps it in a SystemError
             if handlers.terminated():  # Ray swallowed the handler's exception: stop now all the same
                 raise handlers.terminated()
             log.info("ray: run %s finished; latest checkpoint %s", result.path,
                      result.checkpoint.path if result.checkpoint else None)
         finally:
-            self._shutdown(local=not cfg.ray_address)
+            self._shutdown(local=not cfg.engine("ray").address)
             handlers.restore()
 
     @staticmethod
@@ -221,7 +183,7 @@ class RayBackend(TrainingBackend):
         started = cluster_processes() if local else []
         ray.shutdown()
         if local:
-            stop_leftovers(started)
+            signals.stop_leftovers(started, owner="ray")  # workers poll for their raylet: seconds
             shutil.rmtree(temp_dir, ignore_errors=True)
         log.info("ray: %s in %.1fs", "local cluster stopped" if local else "disconnected",
                  time.perf_counter() - start)
@@ -234,4 +196,4 @@ class RayBackend(TrainingBackend):
         return {"ray": ray.__version__, "launcher": "TorchTrainer", "ray_model_wrapper": MODEL_WRAPPER}
 
     def platform_fields(self, spec: CellSpec) -> dict:
-        return {"platform_mode": "cluster" if spec.config.ray_address else "local-cluster"}
+        return {"platform_mode": "cluster" if spec.config.engine("ray").address else "local-cluster"}

@@ -34,10 +34,10 @@ import logging
 from itertools import chain
 from typing import ClassVar
 
-from pipelines.backends.spark import SparkBackend
+from pipelines import spark_torch
+from pipelines.backends.base import TrainingBackend
 from pipelines.cell import CellSpec
 from pipelines.config import Backend, BenchmarkConfig, ConfigError, is_local_spark_master
-from pipelines.data.tokens import FEED_COLUMNS
 from pipelines.fileio import atomic_write_json
 from pipelines.paths import CellPaths, RunPaths
 
@@ -103,6 +103,8 @@ def training_frame(spark, paths: RunPaths, world_size: int, seed: int):
     import pyarrow.parquet as pq
     from pyspark.sql import functions as F
 
+    from pipelines.data.tokens import FEED_COLUMNS  # pandas: not at import (the DAG file lists platforms)
+
     split = paths.token_split("train")
     files = sorted(split.glob("part-*.parquet"))  # read_token_split's files, in its order
     if not files:
@@ -133,31 +135,47 @@ def training_frame(spark, paths: RunPaths, world_size: int, seed: int):
     return frame, record
 
 
-class SparkDataFrameBackend(SparkBackend):
+class SparkDataFrameBackend(TrainingBackend):
     name = Backend.SPARK_DATAFRAME
+    order = 40
+    label = "Spark TorchDistributor (DataFrame feed)"
+    colour = "#b45309"
+    settings = None  # engines.spark: the same Spark as the files feed
+    study_overhead = 1.87  # the study's one Spark figure, beside both data feeds
+    mode_caveats = {}
     data_feed = "dataframe"
     # the rank side (a pipelines.training.distributed.TorchDistributed subclass); None = the
     # default, pipelines.training.spark_feed.SparkPartitionFeed (imported in the ranks only)
     feed: ClassVar[type | None] = None
 
+    def preflight(self, config: BenchmarkConfig, cells: list[tuple[str, int]]) -> list[str]:
+        refusal = local_master_refusal(config.engine("spark").master)
+        return [*([refusal] if refusal else []), *super().preflight(config, cells)]
+
     def spec(self, config: BenchmarkConfig, world_size: int, paths: RunPaths, cell: CellPaths,
              repeat: int, strategy: str | None = None) -> CellSpec:
-        problem = local_master_refusal(config.spark_master)
+        problem = local_master_refusal(config.engine("spark").master)
         if problem:
             raise ConfigError(problem)
         return super().spec(config, world_size, paths, cell, repeat, strategy)
+
+    def launch(self, spec: CellSpec, launch_time: float) -> None:
+        spark_torch.run_distributor(spec, launch_time, self.train)  # the session: as the files feed's
 
     def train(self, spark, distributor, spec: CellSpec, launch_time: float) -> None:
         from pipelines.training.spark_feed import train_worker
 
         # the plan is small (3 ints a row): Arrow makes it a DataFrame in one piece
         spark.conf.set("spark.sql.execution.arrow.pyspark.enabled", "true")
-        frame, record = training_frame(spark, spec.paths, spec.world_size, spec.config.seed)
+        frame, record = training_frame(spark, spec.paths, spec.world_size, spec.config.training.seed)
         atomic_write_json(spec.cell_dir / FEED_RECORD, record)
         log.info("dataframe feed: %d train rows -> %d partition(s) of %d rows (%d padded)", record["rows"],
                  spec.world_size, record["rows_per_rank"], record["padded_rows"])
         distributor._train_on_dataframe(train_worker, frame, str(spec.cell_dir), launch_time,
                                         record["rows_per_rank"], self.feed)
 
+    def platform_fields(self, spec: CellSpec) -> dict:
+        return spark_torch.platform_fields(spec)
+
     def versions(self) -> dict[str, str]:
-        return {**super().versions(), "launcher": "TorchDistributor._train_on_dataframe"}
+        return spark_torch.versions(launcher="TorchDistributor._train_on_dataframe")

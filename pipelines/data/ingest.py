@@ -5,7 +5,7 @@ Run as a stage (``python -m pipelines run`` or the Airflow DAG) or directly::
     from pipelines.data.ingest import ingest
     manifest = ingest(config, paths)
 
-Reads ``config.dataset_source``, which is either
+Reads ``config.data.dataset_source``, which is either
 
 * a hub dataset id (``stanfordnlp/imdb``): ``datasets.load_dataset`` with splits train/test, or
 * a local folder holding, per split, ``<split>.parquet``, ``<split>/*.parquet``,
@@ -284,23 +284,23 @@ def _label_counts(frame: pd.DataFrame) -> dict[str, int] | None:
 
 def ingest(config: BenchmarkConfig, paths: RunPaths) -> dict:
     """Load, sample and snapshot the data set; returns the manifest (also written as JSON)."""
-    kind, resolved, frames = load_source(config.dataset_source)
+    kind, resolved, frames = load_source(config.data.dataset_source)
     paths.snapshot.mkdir(parents=True, exist_ok=True)
-    requested = {"train": config.train_samples, "test": config.test_samples}
+    requested = {"train": config.data.train_samples, "test": config.data.test_samples}
     samples, facts = {}, {}
     for stream, split in enumerate(SPLITS):
         raw = frames[split]
-        ratio = config.class_ratio if split == "train" else None  # test stays as the source is
-        sample, stratified = sample_split(raw, requested[split], config.seed, stream, ratio)
+        ratio = config.data.class_ratio if split == "train" else None  # test stays as the source is
+        sample, stratified = sample_split(raw, requested[split], config.training.seed, stream, ratio)
         samples[split] = _normalise(sample)
         if requested[split] is not None and requested[split] > len(raw):
             log.warning("%s: asked for %d rows, source has %d: taking all", split, requested[split], len(raw))
         if not stratified:
             log.warning("%s: no 'label' column, sample is not stratified", split)
         facts[split] = {"source_rows": len(raw), "requested_samples": requested[split], "stratified": stratified}
-    samples["train"], samples["validation"] = carve_validation(samples["train"], config.validation_fraction,
-                                                               config.seed)
-    facts["validation"] = {**facts["train"], "carved_from": "train", "fraction": config.validation_fraction}
+    samples["train"], samples["validation"] = carve_validation(samples["train"], config.data.validation_fraction,
+                                                               config.training.seed)
+    facts["validation"] = {**facts["train"], "carved_from": "train", "fraction": config.data.validation_fraction}
     splits = {}
     for split in SNAPSHOT_SPLITS:
         sample = samples[split]
@@ -315,14 +315,14 @@ def ingest(config: BenchmarkConfig, paths: RunPaths) -> dict:
         }
     labels = observed_labels(splits["train"]["rows_per_label"])
     manifest = {
-        "source": config.dataset_source,
+        "source": config.data.dataset_source,
         "resolved_source": resolved,
         "source_kind": kind,
-        "seed": config.seed,
-        "train_samples": config.train_samples,
-        "test_samples": config.test_samples,
-        "validation_fraction": config.validation_fraction,
-        **({"class_ratio": config.class_ratio} if config.class_ratio is not None else {}),
+        "seed": config.training.seed,
+        "train_samples": config.data.train_samples,
+        "test_samples": config.data.test_samples,
+        "validation_fraction": config.data.validation_fraction,
+        **({"class_ratio": config.data.class_ratio} if config.data.class_ratio is not None else {}),
         "splits": splits,
         # the task: the train split's label set (validate_snapshot checks it is 0..K-1)
         "labels": labels,

@@ -5,9 +5,9 @@ Run as a stage (after ``validate_snapshot``) or directly::
     from pipelines.data.preprocess import preprocess
     stats = preprocess(config, paths)
 
-Reads ``snapshot/{train,test}.parquet`` with Spark (master ``config.spark_master``) and tokenizes
+Reads ``snapshot/{train,test}.parquet`` with Spark (master ``config.engine("spark").master``) and tokenizes
 with ``pipelines.data.tokens.tokenize_frame`` inside ``mapInPandas`` (tokenizer from
-``config.tokenizer_source``, fixed length ``config.max_seq_len``). Writes
+``config.data.tokenizer_source``, fixed length ``config.data.max_seq_len``). Writes
 ``tokens/<split>/part-*.parquet`` (input_ids array<int>, attention_mask array<tinyint>,
 label bigint) and ``tokens/preprocess.json`` (the returned stats: rows and shards per split,
 seconds, and rows_per_second over the Spark jobs, which includes the Python workers' start-up
@@ -85,7 +85,7 @@ def tokenize_split(
     tokens = (
         frame.repartitionByRange(num_shards, "row_id")  # shard k holds a contiguous row range
         .sortWithinPartitions("row_id")
-        .mapInPandas(_tokenizer_fn(config.tokenizer_source, config.max_seq_len, config.truncation_side),
+        .mapInPandas(_tokenizer_fn(config.data.tokenizer_source, config.data.max_seq_len, config.data.truncation_side),
                      TOKEN_SCHEMA)
         .drop("row_id")
     )
@@ -103,7 +103,7 @@ def preprocess(config: BenchmarkConfig, paths: RunPaths) -> dict:
     """Validated snapshot -> token shards; returns rows, seconds, rows/s and shard counts."""
     require_valid_snapshot(paths)  # never tokenize data that failed (or skipped) validation
     started = time.perf_counter()
-    check_tokenizer(config.tokenizer_source)  # fail here with one line, not in a Spark task
+    check_tokenizer(config.data.tokenizer_source)  # fail here with one line, not in a Spark task
     quiet = {"spark.ui.showConsoleProgress": "false"}  # progress bars garble task logs
     spark = get_spark(master_url(config, paths), app_name="preprocess", conf=quiet)
     manifest = json.loads(paths.manifest.read_text())
@@ -111,9 +111,9 @@ def preprocess(config: BenchmarkConfig, paths: RunPaths) -> dict:
         log.warning("removing %s, left by an earlier preprocess that did not finish", stale)
         shutil.rmtree(stale, ignore_errors=True)
     tmp = paths.root / f".tokens.tmp-{uuid.uuid4().hex[:8]}"
-    stats: dict = {"rows": {}, "num_shards": {}, "max_seq_len": config.max_seq_len,
-                   "truncation_side": config.truncation_side,
-                   "tokenizer_source": config.tokenizer_source}
+    stats: dict = {"rows": {}, "num_shards": {}, "max_seq_len": config.data.max_seq_len,
+                   "truncation_side": config.data.truncation_side,
+                   "tokenizer_source": config.data.tokenizer_source}
     try:
         spark_started = time.perf_counter()
         for split in SNAPSHOT_SPLITS:

@@ -128,7 +128,7 @@ class BenchmarkTrial(dtorch.PyTorchTrial):
         self.train_set = loop.load_split(self.spec.paths, "train")
         self.test_set = loop.load_split(self.spec.paths, "test")
         self.validation_set = loop.load_split(self.spec.paths, "validation")
-        model, self.model_source = build_model(cfg.model_source, cfg.seed, self.spec.num_labels)
+        model, self.model_source = build_model(cfg.training.model_source, cfg.training.seed, self.spec.num_labels)
         self.raw_model = model
         # Determined wraps the model in its DDP subclass (world > 1): time its all-reduce with
         # the same hook timer as the shared loop (the "communication" phase)
@@ -139,7 +139,7 @@ class BenchmarkTrial(dtorch.PyTorchTrial):
         counts = loop.train_class_counts(self.spec) if imbalance != "none" else None
         self.class_weights = loop.strategies.class_weights(counts) if imbalance == "weighted_loss" else None
         self.loader = loop.train_loader(self.train_set, cfg, self.env, counts)
-        optimizer, scheduler = loop.build_optimizer(model, cfg, len(self.loader) * cfg.epochs)
+        optimizer, scheduler = loop.build_optimizer(model, cfg, len(self.loader) * cfg.training.epochs)
         self.optimizer = context.wrap_optimizer(optimizer)
         self.scheduler = context.wrap_lr_scheduler(
             scheduler, step_mode=dtorch.LRScheduler.StepMode.STEP_EVERY_BATCH)
@@ -150,13 +150,13 @@ class BenchmarkTrial(dtorch.PyTorchTrial):
             marker and marker["record"], len(self.loader.sampler) * self.env.world_size)
         self.recorder = EpochRecorder(self.record, self.spec.cell, self.env.is_main, self.comm_timer,
                                       scheduler=scheduler)
-        torch.manual_seed(cfg.seed + self.env.rank)  # dropout stream, as in the shared loop
+        torch.manual_seed(cfg.training.seed + self.env.rank)  # dropout stream, as in the shared loop
 
     def build_training_data_loader(self):
         return RepeatingLoader(self.loader, start_epoch=self.record.epochs_done, record=self.record)
 
     def build_validation_data_loader(self):
-        return loop.eval_loader(self.validation_set, self.spec.config.batch_size, self.env)
+        return loop.eval_loader(self.validation_set, self.spec.config.training.batch_size, self.env)
 
     def build_callbacks(self) -> dict:
         return {"epoch_recorder": self.recorder}
@@ -191,10 +191,10 @@ def main(cell_dir: str, launch_time: float) -> None:
     setup_logging()
     spec = CellSpec.read(cell_dir)
     cfg = spec.config
-    torch.set_num_threads(cfg.threads_per_worker)
+    torch.set_num_threads(cfg.training.threads_per_worker)
     if not torch.cuda.is_available() and "LOCAL_WORLD_SIZE" in os.environ:  # as the shared loop does
         pin_cpu_cores(int(os.environ.get("LOCAL_RANK", 0)), int(os.environ["LOCAL_WORLD_SIZE"]),
-                      cfg.threads_per_worker, int(os.environ.get("WORLD_SIZE", 1)))
+                      cfg.training.threads_per_worker, int(os.environ.get("WORLD_SIZE", 1)))
     distributed, created_group = None, False
     if det.get_cluster_info() is None:  # local mode under torchrun
         os.environ["USE_TORCH_DISTRIBUTED"] = "1"
@@ -211,7 +211,7 @@ def main(cell_dir: str, launch_time: float) -> None:
                      distributed=distributed, enable_tensorboard_logging=False) as context:
         trial = BenchmarkTrial(context)
         trainer = dtorch.Trainer(trial, context)
-        trainer.fit(max_length=dtorch.Epoch(cfg.epochs), checkpoint_period=dtorch.Epoch(1),
+        trainer.fit(max_length=dtorch.Epoch(cfg.training.epochs), checkpoint_period=dtorch.Epoch(1),
                     validation_period=dtorch.Epoch(1), reporting_period=dtorch.Batch(sys.maxsize),
                     checkpoint_policy="none", latest_checkpoint=marker["uuid"] if marker else None)
         if trial.env.is_main:

@@ -88,7 +88,7 @@ class SparkPartitionFeed(TorchDistributed):
             log.info("dataframe feed: %d rows from this task's Spark partition in %.2fs", len(dataset),
                      time.perf_counter() - start)
         return DataLoader(dataset, batch_size=loader.batch_size,
-                          sampler=PartitionSampler(len(dataset), self.spec.config.seed))
+                          sampler=PartitionSampler(len(dataset), self.spec.config.training.seed))
 
 
 def train_worker(cell_dir: str, launch_time: float, rows_per_rank: int, feed: type | None = None) -> None:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import Sampler
+from torch.utils.data import DistributedSampler, Sampler
 
 from pipelines.config import TrainingStrategy
 from pipelines.training.phases import CommTimer
@@ -83,6 +83,18 @@ def row_weights(labels: torch.Tensor, counts: list[int]) -> torch.Tensor:
     """Per-row sampling weight 1 / (its class's count): every class equally likely per draw."""
     per_class = torch.tensor([1.0 / c for c in counts], dtype=torch.double)
     return per_class[labels.long()]
+
+
+def train_sampler(strategy: TrainingStrategy, dataset, world_size: int, rank: int, seed: int,
+                  counts: list[int] | None = None) -> Sampler[int]:
+    """This rank's sampler of the train split: seeded ``DistributedSampler`` shuffling, or for
+    ``imbalance=weighted_sampler`` a ``DistributedWeightedSampler`` over ``counts`` (train rows
+    per label); either way ``set_epoch`` reseeds it."""
+    if strategy.imbalance != "weighted_sampler":
+        return DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
+    if counts is None:
+        raise ValueError("imbalance=weighted_sampler needs the train split's class counts")
+    return DistributedWeightedSampler(row_weights(dataset.tensors[2], counts), world_size, rank, seed)
 
 
 # --- communication -------------------------------------------------------------------------------

@@ -9,8 +9,9 @@
   const source = document.getElementById("trend-data");
   if (!source || typeof Chart === "undefined") return;
   const data = JSON.parse(source.textContent);
-  const COLORS = { ddp: "#1d4ed8", spark: "#c2410c", determined: "#047857", ray: "#7c3aed" };
-  const EXTRA = ["#7c3aed", "#0e7490", "#a16207", "#be185d"];
+  // each platform's colour comes with the data (pipelines.platforms); EXTRA for one not registered
+  const COLORS = Object.fromEntries(Object.entries(data.platforms || {}).map(([k, v]) => [k, v.colour]));
+  const EXTRA = ["#0e7490", "#a16207", "#be185d", "#4d7c0f"];
   const DASHES = [[], [7, 4], [2, 3], [10, 3, 2, 3]];  // by worker count, like the point styles
   const POINTS = ["circle", "rect", "rectRot", "star"];
   const ALARM = "#d92d20";

@@ -14,13 +14,13 @@ import json
 import sqlite3
 import subprocess
 import sys
-from datetime import timedelta
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from pipelines.paths import RunPaths, safe_run_id
+from tests import fault_injection
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DAGS_DIR = PROJECT_ROOT / "dags"
@@ -112,7 +112,8 @@ def test_train_tasks_are_mapped_and_hold_one_pool_slot_per_worker(dag):
         train = dag.task_dict[f"train.w{n}"]
         assert isinstance(train, MappedOperator)
         assert (train.pool, train.pool_slots) == ("training_workers", n)
-        assert train.retries == 2 and train.retry_delay <= timedelta(minutes=1)
+        # the cell's retries are pipelines.stages.train_cell's (matrix.cell_retries), the CLI's too
+        assert train.retries == 0
         assert "backend" in train.map_index_template and "workers" in train.map_index_template
     assert dag.task_dict["ingest"].pool == "default_pool"
 
@@ -130,7 +131,8 @@ def test_schedule_and_run_limits(dag):
 
 
 def test_params_mirror_the_config(dag):
-    from pipelines.config import PROFILES, Backend, BenchmarkConfig
+    from pipelines.config import PROFILES, Backend, field_paths
+    from pipelines.config.sections import DataConfig
 
     schema = {k: dag.params.get_param(k).schema for k in dag.params}
     assert schema["profile"]["enum"] == list(PROFILES)
@@ -139,11 +141,11 @@ def test_params_mirror_the_config(dag):
     assert (schema["epochs"]["minimum"], schema["epochs"]["maximum"]) == (1, 1000)
     lr = schema["learning_rate"]
     assert (lr["exclusiveMinimum"], lr["exclusiveMaximum"]) == (0, 1)
-    assert schema["max_seq_len"]["minimum"] == BenchmarkConfig.model_fields["max_seq_len"].metadata[0].ge
-    # every form field but profile/overrides is a config field, optional (null = profile's value)
+    assert schema["max_seq_len"]["minimum"] == DataConfig.model_fields["max_seq_len"].metadata[0].ge
+    # every form field but profile/overrides is a config field (its flat name), optional (null = profile's value)
     for key, s in schema.items():
         if key not in ("profile", "overrides"):
-            assert key in BenchmarkConfig.model_fields and "null" in s["type"], key
+            assert key in field_paths() and "null" in s["type"], key
             assert s.get("title") and s.get("section"), key
 
 
@@ -196,15 +198,17 @@ def test_params_become_config_overrides():
     params = {"profile": "smoke", "backends": [], "worker_counts": [1], "epochs": None,
               "batch_size": 8, "overrides": {"seed": 3}}
     overrides = overrides_from_params(params, env)
-    assert overrides == {"output_root": "/srv/runs", "dataset_source": "/srv/imdb", "worker_counts": [1],
-                         "batch_size": 8, "seed": 3}
+    assert overrides == {"tracking.output_root": "/srv/runs", "data.dataset_source": "/srv/imdb",
+                         "worker_counts": [1], "batch_size": 8, "seed": 3}
     config = load_config("smoke", overrides)
     assert config.epochs == PROFILES["smoke"]["epochs"] and config.batch_size == 8 and config.backends  # profile + params
     # where a run reads, writes and reports is the deployment's: a trigger cannot move it
     for hostile in ({"overrides": {"mlflow_tracking_uri": "http://evil.example"}},
                     {"overrides": {"output_root": "/"}}, {"dataset_source": "/etc"},
                     {"overrides": {"spark_master": "spark://evil:7077", "determined_master": "x"}},
-                    {"overrides": {"ray_address": "ray://evil:10001"}}):
+                    {"overrides": {"ray_address": "ray://evil:10001"}},
+                    {"overrides": {"engines.spark.master": "spark://evil:7077"}},
+                    {"overrides": {"tracking": {"output_root": "/"}}}):
         with pytest.raises(ValueError, match="set by the deployment"):
             overrides_from_params({**params, **hostile}, env)
 
@@ -263,8 +267,11 @@ def test_dags_test_runs_the_whole_benchmark(airflow_home, tmp_path, imdb_dir, be
     home, env = airflow_home
     out = tmp_path / "runs"
     conf = {"profile": "smoke", "backends": ["ddp", "spark", "determined", "ray"], "worker_counts": [1],
-            "epochs": 1, "train_samples": 160, "test_samples": 80, "max_seq_len": 32}
-    done = _dags_test(_deployment(env, out, imdb_dir, bert_tiny_dir), conf)
+            "epochs": 2, "train_samples": 160, "test_samples": 80, "max_seq_len": 32}
+    # the ddp cell fails its first 2 tries (at the end of epoch 1, then of epoch 2): matrix.cell_retries (2) retries it, as the CLI does
+    # (tests/test_cli.py::test_a_failing_cell_is_retried_cell_retries_times)
+    faults = fault_injection.fail_env(2, PROJECT_ROOT, cell="ddp-w1-r0")
+    done = _dags_test({**_deployment(env, out, imdb_dir, bert_tiny_dir), **faults}, conf)
     (tmp_path / "dags_test.log").write_text(done.stdout + done.stderr)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-6000:]
 
@@ -277,7 +284,8 @@ def test_dags_test_runs_the_whole_benchmark(airflow_home, tmp_path, imdb_dir, be
     assert all(s == ["skipped"] for t, s in states.items() if t in TRAIN_IDS[1:]), states
 
     config = json.loads((run_dir / "config.json").read_text())
-    assert (config["profile"], config["epochs"], config["backends"]) == ("smoke", 1, conf["backends"])
+    assert (config["profile"], config["training"]["epochs"], config["matrix"]["backends"]) == (
+        "smoke", 2, conf["backends"])
     snapshot = {p.name for p in (run_dir / "snapshot").iterdir()}
     assert snapshot >= {"train.parquet", "test.parquet", "manifest.json"}
     assert len(pd.read_parquet(run_dir / "snapshot" / "train.parquet")) == 144  # + 16 validation
@@ -287,6 +295,8 @@ def test_dags_test_runs_the_whole_benchmark(airflow_home, tmp_path, imdb_dir, be
     for backend in conf["backends"]:
         result = json.loads((RunPaths(run_dir).cell(backend, 1, 0).result).read_text())
         assert result["status"] == "ok" and result["world_size"] == 1 and result["test"]["accuracy"] > 0
+        retried = ["failed", "failed", "ok"] if backend == "ddp" else ["ok"]
+        assert [a["outcome"] for a in result["attempts"]] == retried, backend
     assert {"report.html", "report.md", "summary.json"} <= {p.name for p in (run_dir / "report").iterdir()}
 
 

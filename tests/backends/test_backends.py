@@ -11,7 +11,8 @@ import time
 import psutil
 import pytest
 
-from pipelines.backends import ddp, run_cell
+from pipelines import launch
+from pipelines.backends import run_cell
 from pipelines.backends.ddp import DDPBackend
 from pipelines.paths import CellPaths
 from pipelines.results import CellResult
@@ -78,8 +79,8 @@ def test_world_sizes_differ_in_batches_not_in_data(trained):
 def test_ddp_killed_after_epoch_1_resumes_at_epoch_2_with_same_result(trained, bench_config, run_paths):
     cell = CellPaths(run_paths.cells / "ddp-w1-killed")
     DDPBackend().spec(bench_config, 1, run_paths, cell, 0).write()
-    cmd = ddp.worker_command(bench_config, 1, cell.root, time.time())
-    env = {**ddp.launch_env(bench_config, os.environ), **fault_injection.env(1, PROJECT_ROOT)}
+    cmd = launch.worker_command(bench_config, 1, cell.root, time.time())
+    env = {**launch.launch_env(bench_config, os.environ), **fault_injection.env(1, PROJECT_ROOT)}
     proc = subprocess.Popen(cmd, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     first = cell.checkpoints / "epoch-0001.pt.sha256"  # written after the checkpoint: it is complete

@@ -14,11 +14,11 @@ import psutil
 import pytest
 
 from pipelines.backends import run_cell
-from pipelines.backends.ray import (RayBackend, is_ray_process, local_cluster_options, stop_leftovers,
-                                    worker_env_vars)
+from pipelines.backends.ray import RayBackend, is_ray_process, local_cluster_options, worker_env_vars
 from pipelines.config import Backend, ConfigError, load_config
 from pipelines.paths import PROJECT_ROOT, CellPaths, RunPaths
 from pipelines.results import CellResult
+from pipelines.signals import stop_leftovers
 from tests import fault_injection
 
 # node daemons (raylet, gcs_server), workers and actors (their titles start "ray::"), and the
@@ -106,7 +106,7 @@ def test_failed_ray_cell_leaves_a_failed_result_and_no_ray_process(bench_config,
 
 
 def test_a_bad_ray_address_is_refused_with_the_allowed_forms():
-    with pytest.raises(ConfigError, match=r"ray_address: .*ray://host:port"):
+    with pytest.raises(ConfigError, match=r"engines.ray.address \(flat name: ray_address\): .*ray://host:port"):
         load_config("smoke", {"ray_address": "http://head:8265"})
     assert load_config("smoke", {"ray_address": "ray://head:10001"}).ray_address == "ray://head:10001"
 

@@ -14,6 +14,7 @@ import psutil
 import pytest
 from mlflow import MlflowClient
 
+from pipelines import signals
 from pipelines.config import save_config
 from pipelines.results import CellResult
 
@@ -61,3 +62,43 @@ def test_sigterm_stops_every_process_of_the_cell(backend, run_paths, bench_confi
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
                               filter_string=f"attributes.run_name = '{cell.name}'")
     assert runs and all(r.info.status == "FAILED" for r in runs)
+
+
+def test_cause_of_finds_the_signal_behind_a_library_wrapper():
+    stopped = signals.CellTerminated(signal.SIGTERM, "x")
+    try:
+        try:
+            raise stopped
+        except signals.CellTerminated as err:
+            raise SystemError("wrapped by a C++ core") from err
+    except SystemError as wrapped:
+        assert signals.cause_of(wrapped) is stopped
+    assert signals.cause_of(ValueError("no signal")) is None and signals.cause_of(None) is None
+
+
+def test_raise_once_handlers_raise_once_remember_and_restore():
+    before = signal.getsignal(signal.SIGTERM)
+    handlers = signals.RaiseOnceHandlers("the platform shut down")
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a library replacing the handler
+    handlers.raise_once()
+    try:
+        with pytest.raises(signals.CellTerminated, match="SIGTERM: the platform shut down"):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)
+        os.kill(os.getpid(), signal.SIGTERM)  # a second one is remembered, not raised
+        time.sleep(0.1)
+        assert handlers.terminated().signum == signal.SIGTERM
+    finally:
+        handlers.restore()
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_stop_leftovers_kills_what_ignores_sigterm():
+    stuck = subprocess.Popen([sys.executable, "-c", "import signal, time; "
+                              "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"])
+    try:
+        killed = signals.stop_leftovers([psutil.Process(stuck.pid)], grace_s=0.3, owner="test")
+        assert [p.pid for p in killed] == [stuck.pid]
+        stuck.wait(5)  # gone (psutil reaped it already: no exit code to compare)
+    finally:
+        stuck.kill()

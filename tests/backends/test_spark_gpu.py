@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from pipelines.backends.spark import DISCOVERY_SCRIPT, gpu_conf
+from pipelines.spark_torch import DISCOVERY_SCRIPT, gpu_conf
 
 pytestmark = pytest.mark.slow
 

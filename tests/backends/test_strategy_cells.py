@@ -66,10 +66,11 @@ def test_determined_refuses_comm_strategies_before_the_cell_starts(strategy_conf
     failed = CellResult.read(cell.result)
     assert failed.status == "failed" and "cannot run there" in failed.error and failed.strategy == "powersgd-r2"
     # ... and the whole run is refused up front by the pre-flight check
-    from pipelines.backends import strategy_refusals
+    from pipelines.backends import preflight_problems
 
-    assert any("determined" in r for r in strategy_refusals(strategy_config.model_copy(
-        update={"backends": [Backend.DDP, Backend.DETERMINED]})))
+    both = strategy_config.model_copy(update={"backends": [Backend.DDP, Backend.DETERMINED]})
+    assert any("determined" in r for r in preflight_problems(both))
+    assert preflight_problems(both, [("ddp", "powersgd-r2", 2)]) == []  # one cell: only its own platform
 
 
 def test_determined_runs_the_imbalance_strategies(strategy_config, run_paths):

@@ -63,7 +63,7 @@ def test_get_spark_moves_from_a_local_session_to_the_cluster(spark_cluster):
 def test_spark_backend_trains_on_the_cluster_like_local_ddp(spark_cluster, scaleout_config, scaleout_paths,
                                                               single_node_w2, assert_same_training):
     from pipelines.backends import run_cell
-    from pipelines.backends.spark import task_slots
+    from pipelines.spark_torch import task_slots
     from pipelines.spark_session import get_spark
 
     url, work = spark_cluster
@@ -84,7 +84,8 @@ def test_spark_backend_trains_on_the_cluster_like_local_ddp(spark_cluster, scale
 
 def test_more_processes_than_cluster_slots_is_refused_not_hung(spark_cluster, scaleout_config,
                                                                 scaleout_paths, monkeypatch):
-    from pipelines.backends import run_cell, spark
+    from pipelines import spark_torch as spark  # SLOT_WAIT_S
+    from pipelines.backends import run_cell
 
     url, _ = spark_cluster
     monkeypatch.setattr(spark, "SLOT_WAIT_S", 20.0)  # the cell's own session: its executors start anew

@@ -112,3 +112,104 @@ def test_weighted_sampler_gives_each_rank_its_share_of_a_balanced_draw():
     assert list(shares[0]) != drawn[0]  # a new epoch, a new draw; the same epoch, the same draw
     shares[0].set_epoch(1)
     assert list(shares[0]) == drawn[0]
+
+
+# --- the strategy's runtime in the shared loop (pipelines.training.runtime), without processes ---
+def _runtime(strategy: TrainingStrategy, world: int, counts=(90, 10), distributed=None):
+    from pipelines.training.distributed import DistEnv, TorchDistributed
+    from pipelines.training.runtime import runtime_for
+
+    asked = []
+    env = DistEnv(0, world, 0, torch.device("cpu"))
+    runtime = runtime_for(strategy, distributed or TorchDistributed(), env, lambda: asked.append(1) or list(counts))
+    return runtime, asked
+
+
+def test_runtime_for_picks_the_strategy_part_and_one_process_is_always_replicated():
+    from pipelines.training.runtime import LocalSGD, Replicated, Sharded
+
+    assert type(_runtime(TrainingStrategy(), 2)[0]) is Replicated
+    assert type(_runtime(TrainingStrategy(comm_hook="fp16"), 2)[0]) is Replicated
+    assert type(_runtime(TrainingStrategy(sync_every=3), 2)[0]) is LocalSGD
+    assert type(_runtime(TrainingStrategy(sharding="fsdp"), 2)[0]) is Sharded
+    for strategy in (TrainingStrategy(sync_every=3), TrainingStrategy(sharding="fsdp")):
+        assert type(_runtime(strategy, 1)[0]) is Replicated  # nothing to average or shard
+
+
+def test_runtime_reads_class_counts_only_for_imbalance_and_weights_only_the_loss_strategy():
+    plain, asked = _runtime(TrainingStrategy(), 2)
+    assert asked == [] and plain.counts is None and plain.loss_weights is None
+    sampler, asked = _runtime(TrainingStrategy(imbalance="weighted_sampler"), 2)
+    assert asked == [1] and sampler.counts == [90, 10] and sampler.loss_weights is None
+    weighted, _ = _runtime(TrainingStrategy(imbalance="weighted_loss"), 2)
+    assert torch.allclose(weighted.loss_weights, torch.tensor([100 / 180, 100 / 20]))
+
+
+def test_train_sampler_follows_the_imbalance_strategy():
+    from torch.utils.data import DistributedSampler, TensorDataset
+
+    from pipelines.training.strategies import train_sampler
+
+    data = TensorDataset(torch.zeros(8), torch.zeros(8), torch.tensor([0] * 6 + [1] * 2))
+    assert type(train_sampler(TrainingStrategy(), data, 2, 1, seed=3)) is DistributedSampler
+    weighted = train_sampler(TrainingStrategy(imbalance="weighted_sampler"), data, 2, 1, 3, counts=[6, 2])
+    assert isinstance(weighted, DistributedWeightedSampler) and len(weighted) == 4
+    with pytest.raises(ValueError, match="class counts"):
+        train_sampler(TrainingStrategy(imbalance="weighted_sampler"), data, 2, 1, 3)
+
+
+def test_runtime_refuses_a_seam_that_replaced_the_weighted_sampler():
+    from torch.utils.data import DataLoader, SequentialSampler, TensorDataset
+
+    from pipelines.training.distributed import TorchDistributed
+
+    class Replacing(TorchDistributed):
+        def prepare_loader(self, loader, env):
+            return DataLoader(loader.dataset, sampler=SequentialSampler(loader.dataset))
+
+    data = TensorDataset(torch.zeros(4), torch.zeros(4), torch.tensor([0, 0, 0, 1]))
+    runtime, _ = _runtime(TrainingStrategy(imbalance="weighted_sampler"), 2, distributed=Replacing())
+    with pytest.raises(RuntimeError, match="replaced the weighted sampler"):
+        runtime.prepare_loader(DataLoader(data))
+    plain, _ = _runtime(TrainingStrategy(), 2, distributed=Replacing())
+    assert isinstance(plain.prepare_loader(DataLoader(data)).sampler, SequentialSampler)
+
+
+def test_one_process_runtime_wraps_nothing_and_measures_no_bytes():
+    runtime, _ = _runtime(TrainingStrategy(), 1)
+    model = _toy_model()
+    runtime.shard(model)
+    assert runtime.wrap(model, steps_done=0) is model
+    runtime.after_step(record=None)
+    assert runtime.hooks.steps == 1 and runtime.comm_bytes_per_step is None
+    assert runtime.eval_batches(rows=33, batch_size=4) is None
+    assert runtime.final_model(model, rebuild=lambda: pytest.fail("no rebuild")) is model
+
+
+def test_sharded_evaluation_runs_the_largest_share_of_batches_on_every_rank():
+    runtime, _ = _runtime(TrainingStrategy(sharding="fsdp"), 2)
+    assert runtime.eval_batches(rows=33, batch_size=4) == 5  # rank 0: 17 rows -> 5 batches
+
+
+def test_local_sgd_averaging_is_timed_as_communication():
+    from pipelines.training.record import TrainingRecord
+
+    class Hooks:  # stands in for StrategyRuntime: each collective takes 2 s of the fake clock
+        def after_step(self):
+            now[0] += 2.0
+
+        def synchronise(self):
+            now[0] += 2.0
+
+    now = [0.0]
+    record = TrainingRecord(samples_per_epoch=4, clock=lambda: now[0], wall=lambda: now[0])
+    local, _ = _runtime(TrainingStrategy(sync_every=3), 2)
+    local.hooks = Hooks()
+    local.after_step(record)
+    local.at_epoch_end(record)
+    assert record.totals["communication"] == 4.0
+    plain, _ = _runtime(TrainingStrategy(), 2)
+    plain.hooks = Hooks()
+    plain.after_step(record)  # DDP's all-reduce is timed by its comm hook, not here
+    plain.at_epoch_end(record)
+    assert record.totals["communication"] == 4.0 and now[0] == 6.0

@@ -1,0 +1,66 @@
+"""Building a config: a profile's defaults, this host's BENCHMARK_* defaults, then overrides."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from pipelines.config.model import BenchmarkConfig, ConfigError, _merge, deployment_fields, format_error, nest
+from pipelines.config.profiles import PROFILES
+from pipelines.fileio import atomic_write_text
+
+
+def is_local_spark_master(master: str) -> bool:
+    """``local`` / ``local[N]``: no executors, so no barrier tasks (TorchDistributor's local mode)."""
+    return master == "local" or master.startswith("local[")
+
+
+def site_defaults(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """Config overrides (dotted paths) from the BENCHMARK_* variables of deployment fields that are set."""
+    environ = os.environ if environ is None else environ
+    return {path: environ[var] for path, var in deployment_fields().items() if var and environ.get(var)}
+
+
+def load_config(profile: str = "smoke", overrides: dict[str, Any] | None = None) -> BenchmarkConfig:
+    """Profile defaults, then $MLFLOW_TRACKING_URI, then overrides (None = keep the default).
+    Keys are dotted paths (``training.epochs``) or flat names (``epochs``)."""
+    if profile not in PROFILES:
+        raise ConfigError(f"profile: unknown profile {profile!r} (allowed: {', '.join(PROFILES)})")
+    values = nest({**PROFILES[profile], "profile": profile})
+    if os.environ.get("MLFLOW_TRACKING_URI"):  # e.g. the compose stack's MLflow server
+        values = _merge(values, {"tracking": {"mlflow_tracking_uri": os.environ["MLFLOW_TRACKING_URI"]}})
+    values = _merge(values, nest({k: v for k, v in (overrides or {}).items() if v is not None}))
+    try:
+        return BenchmarkConfig(**values)
+    except ValidationError as err:
+        raise ConfigError(format_error(err)) from None
+
+
+def parse_set_options(pairs: list[str]) -> dict[str, Any]:
+    """``["epochs=3", "matrix.backends=[\\"ddp\\"]"]`` -> dict; values are JSON if they parse, else str."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep:
+            raise ConfigError(f"--set {pair!r}: expected key=value")
+        try:
+            out[key.strip()] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key.strip()] = raw
+    return out
+
+
+def save_config(config: BenchmarkConfig, path: Path) -> None:
+    atomic_write_text(path, config.to_json())
+
+
+def read_config(path: Path) -> BenchmarkConfig:
+    """A run folder's config.json, sectioned or flat (written before sections existed)."""
+    try:
+        return BenchmarkConfig.model_validate_json(Path(path).read_text())
+    except ValidationError as err:
+        raise ConfigError(f"{path}: " + format_error(err)) from None

@@ -1,0 +1,362 @@
+"""``BenchmarkConfig``: the one typed configuration of a benchmark run, in sections.
+
+Fields are addressed by dotted path (``training.epochs``, ``engines.spark.master``) or by the
+flat name they had before sections existed (``epochs``, ``spark_master``): both work as input
+(``--set``, DAG params, ``model_copy(update=...)``, old ``config.json`` files) and for reading
+(``config.epochs`` is ``config.training.epochs``). Unknown keys and wrong types are refused
+with a message naming the field and what is allowed.
+
+    >>> cfg = load_config("smoke", {"training.epochs": 3})
+    >>> cfg.training.epochs, cfg.epochs
+    (3, 3)
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from pipelines.config.sections import (
+    IDENTITY_SECTIONS, SECTIONS, DataConfig, EnginesConfig, MatrixConfig, TrackingConfig, TrainingConfig,
+)
+from pipelines.config.strategy import TrainingStrategy
+
+
+class ConfigError(ValueError):
+    """A configuration value is wrong; the message names the field and what is allowed."""
+
+
+def _marked(field: Any, key: str) -> Any:
+    extra = field.json_schema_extra
+    return extra.get(key) if isinstance(extra, dict) else None
+
+
+def _section_fields() -> dict[str, tuple[str, ...]]:
+    """Flat name -> path of every field of the fixed sections and every platform's settings."""
+    from pipelines import platforms
+
+    return _fields_of_generation(platforms.generation())
+
+
+@functools.lru_cache(maxsize=4)
+def _fields_of_generation(generation: int) -> dict[str, tuple[str, ...]]:
+    from pipelines import platforms
+
+    out: dict[str, tuple[str, ...]] = {}
+    for section, model in SECTIONS.items():
+        for name, field in model.model_fields.items():
+            out[_marked(field, "flat") or name] = (section, name)
+    for platform in platforms.classes():
+        for name, field in (platform.settings.model_fields.items() if platform.settings else ()):
+            out[_marked(field, "flat") or f"{platform.name}_{name}"] = ("engines", str(platform.name), name)
+    return out
+
+
+def field_paths() -> dict[str, tuple[str, ...]]:
+    """Flat alias -> path (``"spark_master"`` -> ``("engines", "spark", "master")``)."""
+    return _section_fields()
+
+
+def alias_of(path: tuple) -> str:
+    """`` (flat name: X)`` for a field path that has a flat alias, else ""."""
+    path = tuple(str(p) for p in path)
+    names = [name for name, p in _section_fields().items() if p == path and name != path[-1]]
+    return f" (flat name: {names[0]})" if names else ""
+
+
+def deployment_fields() -> dict[str, str | None]:
+    """Dotted path of every deployment field -> the BENCHMARK_* variable of its host default."""
+    from pipelines import platforms
+
+    out: dict[str, str | None] = {}
+    for section, model in SECTIONS.items():
+        for name, field in model.model_fields.items():
+            if _marked(field, "deployment"):
+                out[f"{section}.{name}"] = _marked(field, "env")
+    for platform in platforms.classes():
+        for name, field in (platform.settings.model_fields.items() if platform.settings else ()):
+            if _marked(field, "deployment"):
+                out[f"engines.{platform.name}.{name}"] = _marked(field, "env")
+    return out
+
+
+def deployment_keys(overrides: dict[str, Any]) -> list[str]:
+    """The keys of ``overrides`` (flat, dotted or whole sections) that would set a deployment field."""
+    deployment = deployment_fields()
+    refused = []
+    for key, value in overrides.items():
+        try:
+            nested = nest({key: value})
+        except ConfigError:
+            continue  # an unknown key: load_config names it
+
+        def leaves(node: Any, prefix: str) -> list[str]:
+            if not isinstance(node, dict) or prefix in deployment:
+                return [prefix]
+            return [leaf for k, v in node.items() for leaf in leaves(v, f"{prefix}.{k}" if prefix else k)]
+
+        if any(leaf in deployment for leaf in leaves(nested, "")):
+            refused.append(key)
+    return sorted(refused)
+
+
+def path_of(key: str) -> tuple[str, ...]:
+    """A dotted path or a flat alias -> path; ConfigError for a key no field has."""
+    if key in ("profile", *SECTIONS):
+        return (key,)
+    if "." in key:
+        return tuple(key.split("."))
+    found = _section_fields().get(key)
+    if found is None:
+        raise ConfigError(f"{key}: unknown config field (known fields: {', '.join(sorted(_section_fields()))}; "
+                          f"or a dotted path section.field, sections: {', '.join(SECTIONS)})")
+    return found
+
+
+def nest(values: dict[str, Any]) -> dict[str, Any]:
+    """Flat and dotted keys -> one nested dict (sections given whole are merged too)."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, BaseModel) and key in SECTIONS:
+            value = value.model_dump()
+        path = path_of(key)
+        node = out
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{key}: {part} is not a section")
+        if isinstance(value, dict) and isinstance(node.get(path[-1]), dict):
+            node[path[-1]] = _merge(node[path[-1]], value)
+        else:
+            node[path[-1]] = value
+    return out
+
+
+def _merge(base: dict, update: dict) -> dict:
+    out = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and key not in ("strategies",):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+class BenchmarkConfig(BaseModel):
+    """Everything that decides what a benchmark run does. Immutable once built."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    profile: str = "custom"
+    data: DataConfig = Field(default_factory=DataConfig)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    matrix: MatrixConfig = Field(default_factory=MatrixConfig)
+    engines: EnginesConfig = Field(default_factory=EnginesConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sections_from_flat_names(cls, values: Any) -> Any:
+        if not isinstance(values, dict):
+            return values
+        flat = {k: v for k, v in values.items() if k != "profile" and k not in SECTIONS}
+        if not flat:
+            return values
+        try:
+            nested = nest(flat)
+        except ConfigError as err:
+            raise ValueError(str(err)) from None
+        base = {k: (v.model_dump() if isinstance(v, BaseModel) else v) for k, v in values.items() if k not in flat}
+        return _merge(base, nested)
+
+    def __getattr__(self, name: str) -> Any:
+        """Flat names read through to their section (``config.epochs`` -> ``config.training.epochs``)."""
+        if not name.startswith("_"):
+            path = _section_fields().get(name)
+            if path is not None:
+                value: Any = self
+                for part in path:
+                    value = value.of(part) if isinstance(value, EnginesConfig) else getattr(value, part)
+                return value
+        return super().__getattr__(name)  # type: ignore[misc]
+
+    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> "BenchmarkConfig":
+        """A changed copy, validated again; ``update`` keys are dotted paths or flat names."""
+        if not update:
+            return super().model_copy(deep=deep)
+        try:
+            return type(self).model_validate(_merge(self.model_dump(), nest(update)))
+        except ValidationError as err:
+            raise ConfigError(format_error(err)) from None
+
+    def engine(self, platform: str) -> Any:
+        """The settings of ``platform`` (``engines.<platform>``)."""
+        return self.engines.of(platform)
+
+    def strategy(self, name: str | None = None) -> TrainingStrategy:
+        """The run's strategy called ``name``; a cell's config (one strategy): its own."""
+        strategies = self.matrix.strategies
+        if name is None:
+            if len(strategies) != 1:
+                raise ConfigError(f"strategies: this config holds {len(strategies)}; name one")
+            return strategies[0]
+        for s in strategies:
+            if s.name == name:
+                return s
+        raise ConfigError(f"strategy {name!r} is not one of this run's strategies "
+                          f"({', '.join(s.name for s in strategies)})")
+
+    def resolved_tracking_uri(self) -> str:
+        """MLflow URI: the config's, else a SQLite store in the output root.
+
+        Never MLflow's implicit default (a store in the current working directory). The
+        environment's MLFLOW_TRACKING_URI is taken when the config is built (``load_config``),
+        not here: MLflow itself sets that variable in-process, which must not re-route a run.
+        """
+        if self.tracking.mlflow_tracking_uri:
+            return self.tracking.mlflow_tracking_uri
+        return f"sqlite:///{Path(self.tracking.output_root).resolve() / 'mlflow.db'}"
+
+    def cells(self) -> list[tuple[str, str, int, int]]:
+        """Every (backend, strategy name, workers, repeat) training cell of this run, in a
+        stable order. Strategies about how ranks talk (comm hooks, local SGD, FSDP) have no
+        1-worker cell: they do not apply there (``not_applicable_cells`` lists them)."""
+        m = self.matrix
+        return [(b, s.name, n, r) for r in range(m.repeats) for b in m.backends for s in m.strategies
+                for n in m.worker_counts if n > 1 or not s.needs_process_group]
+
+    def not_applicable_cells(self) -> list[tuple[str, int]]:
+        """(strategy name, workers) pairs left out of ``cells``: nothing to communicate."""
+        return [(s.name, n) for s in self.matrix.strategies for n in self.matrix.worker_counts
+                if n == 1 and s.needs_process_group]
+
+    def for_cell(self, world_size: int, repeat: int, strategy: str | None = None) -> "BenchmarkConfig":
+        """The config one cell trains with: seed + repeat, the per-worker batch of the batch
+        policy, the learning rate scaled to the global batch and the cell's one strategy
+        (``strategy``: a name of ``strategies``; None = the first). Stored in the cell's spec."""
+        t = self.training
+        if t.batch_policy == "global":
+            if t.batch_size % world_size:
+                raise ConfigError(f"batch_size: the global batch {t.batch_size} cannot be split evenly "
+                                  f"over {world_size} workers (batch_policy=global)")
+            per_worker = t.batch_size // world_size
+        else:
+            per_worker = t.batch_size
+        factor = per_worker * world_size / t.batch_size  # global batch vs the 1-worker batch
+        scale = {"none": 1.0, "linear": factor, "sqrt": math.sqrt(factor)}[t.lr_scaling]
+        chosen = self.strategy(strategy) if strategy is not None else self.matrix.strategies[0]
+        training = t.model_copy(update={"seed": t.seed + repeat, "batch_size": per_worker,
+                                        "learning_rate": t.learning_rate * scale})
+        matrix = self.matrix.model_copy(update={"strategies": [chosen]})
+        return BaseModel.model_copy(self, update={"training": training, "matrix": matrix})
+
+    def training_identity(self) -> dict[str, Any]:
+        """What decides what a cell trains (the data and training sections, one flat dict as
+        before sections existed); a checkpoint resumes, and runs compare, only if it matches.
+        Where and how the run is launched, tracked or judged may change between attempts."""
+        identity: dict[str, Any] = {}
+        for section in IDENTITY_SECTIONS:
+            identity.update(getattr(self, section).model_dump(mode="json"))
+        # new fields enter the identity only when used, so earlier runs keep their fingerprint
+        if identity.get("class_ratio") is None:
+            identity.pop("class_ratio", None)
+        strategies = self.matrix.strategies
+        if len(strategies) == 1 and not strategies[0].is_default:  # a cell's config
+            identity["strategy"] = strategies[0].model_dump(mode="json")
+        return identity
+
+    def fingerprint(self) -> str:
+        """sha256 over ``training_identity``: runs compare only with runs of the same fingerprint."""
+        return hashlib.sha256(json.dumps(self.training_identity(), sort_keys=True).encode()).hexdigest()[:16]
+
+    def flat(self) -> dict[str, Any]:
+        """Every field by its flat name, as JSON values (MLflow params keep the names they had)."""
+        dumped = json.loads(self.model_dump_json())
+        out: dict[str, Any] = {"profile": dumped["profile"]}
+        missing = object()
+        for name, path in _section_fields().items():
+            node: Any = dumped
+            for part in path:
+                node = node.get(part, missing) if isinstance(node, dict) else missing
+            if node is not missing:
+                out[name] = node
+        return out
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=2)
+
+
+def flat_view(raw: dict[str, Any]) -> dict[str, Any]:
+    """A run folder's config.json as plain JSON with flat names, sectioned or written before
+    sections existed (the page and the trends read it so); an unreadable one is returned as is."""
+    try:
+        return BenchmarkConfig.model_validate(raw).flat()
+    except (ValidationError, ConfigError, ValueError):
+        return raw
+
+
+def format_error(err: ValidationError) -> str:
+    from pipelines import platforms
+
+    lines = []
+    for e in err.errors():
+        field = ".".join(str(p) for p in e["loc"]) or "config"
+        field += alias_of(tuple(e["loc"])) if len(e["loc"]) > 1 else ""
+        allowed = ""
+        if "backends" in field.split(".") and "registered" not in e["msg"]:
+            allowed = f" (allowed: {', '.join(platforms.names())})"
+        elif e["type"] == "extra_forbidden":
+            section = SECTIONS.get(str(e["loc"][0])) if len(e["loc"]) > 1 else BenchmarkConfig
+            known = ", ".join(section.model_fields) if section else ""
+            allowed = f" (known fields{' of ' + str(e['loc'][0]) if len(e['loc']) > 1 else ''}: {known})"
+        lines.append(f"{field}: {e['msg']}{allowed}; got {e.get('input')!r}")
+    return "invalid benchmark config:\n  " + "\n  ".join(lines)
+
+
+def json_schema() -> dict:
+    """The config's JSON schema (the DAG's trigger form is built from it)."""
+    from pipelines import platforms
+
+    return _schema_of_generation(platforms.generation())
+
+
+@functools.lru_cache(maxsize=4)
+def _schema_of_generation(generation: int) -> dict:
+    return BenchmarkConfig.model_json_schema()
+
+
+FORM_KEYS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "enum", "items", "minItems",
+             "uniqueItems", "pattern", "examples")
+
+
+def form_schema(key: str) -> dict:
+    """One field's JSON schema as a trigger form takes it (``key``: flat name or dotted path):
+    its type plus null (empty = keep the profile's value), its bounds, choices and item schema."""
+    schema = json_schema()
+
+    def resolve(node: dict) -> dict:
+        while "$ref" in node:
+            node = schema["$defs"][node["$ref"].rsplit("/", 1)[-1]]
+        return node
+
+    node = schema
+    for part in path_of(key):
+        node = resolve(resolve(node)["properties"][part])
+    out: dict[str, Any] = {}
+    types: list[str] = []
+    for variant in map(resolve, node.get("anyOf", [node])):
+        if "type" in variant:
+            types.append(variant["type"])
+        out.update({k: variant[k] for k in FORM_KEYS if k in variant})
+    if isinstance(out.get("items"), dict):
+        out["items"] = resolve(out["items"])
+    out["type"] = [*dict.fromkeys(t for t in types if t != "null"), "null"]
+    if "enum" in out:
+        out["enum"] = [None, *(v for v in out["enum"] if v is not None)]
+    return out

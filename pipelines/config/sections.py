@@ -1,0 +1,184 @@
+"""The sections of a benchmark config: data, training, matrix, engines, tracking.
+
+What a cell trains is ``data`` + ``training`` (the fingerprint: runs compare only within one);
+``matrix`` says which cells a run has and how they are retried; ``engines`` holds each
+platform's own settings (declared by the platform: ``TrainingBackend.settings``); ``tracking``
+says where results go and how they are judged. A field marked ``deployment(...)`` is set by
+whoever deploys the benchmark (its BENCHMARK_* variable), never by a DAG trigger.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from pipelines.config.strategy import STRATEGY_EXAMPLES, STRATEGY_PATTERN, TrainingStrategy, parse_strategy
+from pipelines.platforms import Backend
+
+DEFAULT_DATASET = "stanfordnlp/imdb"  # hub dataset id; a local folder works too
+DEFAULT_MODEL = "prajjwal1/bert-tiny"  # hub model id; a local folder works too
+
+
+def deployment(default: Any, *, env: str | None = None, flat: str | None = None, **kwargs: Any) -> Any:
+    """A field the deployment sets (``env``: the variable a host's default comes from; ``flat``:
+    the field's name in the flat configs written before sections existed, when it differs)."""
+    extra = {"deployment": True, **({"env": env} if env else {}), **({"flat": flat} if flat else {})}
+    return Field(default, json_schema_extra=extra, **kwargs)
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DataConfig(Section):
+    """Where the reviews come from, the data contract (GX) and the tokenization."""
+
+    dataset_source: str = deployment(DEFAULT_DATASET, env="BENCHMARK_DATASET_SOURCE")  # hub id or folder
+    train_samples: int | None = Field(None, ge=2)  # stratified sample size; None = all 25k
+    test_samples: int | None = Field(None, ge=2)
+    min_text_chars: int = Field(1, ge=1)  # GX bounds on raw review length
+    max_text_chars: int = Field(20_000, ge=1)
+    min_class_fraction: float = Field(0.4, gt=0, le=0.5)  # GX class-balance bound per label
+    # imbalanced train sample on purpose: every class other than label 0 gets class_ratio times
+    # label 0's rows (test stays stratified); the train balance bound follows the ratio
+    class_ratio: float | None = Field(None, gt=0, le=1)
+    # data contract (GX): what a usable benchmark data set is; relaxing it keeps a run out of baselines
+    max_overlap_fraction: float = Field(0.01, ge=0, le=1)  # test rows whose text is also in train
+    max_duplicate_fraction: float = Field(0.05, ge=0, le=1)  # repeated texts within one split
+    min_rows_per_class: int = Field(5, ge=1)  # in train and in test
+    allow_small_data: bool = False  # fewer rows than requested / classes below the minimum pass
+    validation_fraction: float = Field(0.1, gt=0, lt=0.5)  # of train, held out (stratified, seeded)
+    max_seq_len: int = Field(128, ge=8, le=512)
+    # which end of a longer review is cut: "right" (the library's default, the study's) or
+    # "left" (keeps the review's conclusion: a random-init model learns sentiment from it sooner)
+    truncation_side: Literal["right", "left"] = "right"
+    tokenizer_source: str = deployment(DEFAULT_MODEL, env="BENCHMARK_TOKENIZER_SOURCE")
+
+
+class TrainingConfig(Section):
+    """What every cell trains: the model and its optimisation."""
+
+    model_source: str = deployment(DEFAULT_MODEL, env="BENCHMARK_MODEL_SOURCE")  # no weights -> random init
+    seed: int = 42  # sampling, model init, shuffling: same seed -> same run
+    epochs: int = Field(2, ge=1, le=1000)
+    batch_size: int = Field(32, ge=1, le=4096)  # per worker, or global: see batch_policy
+    # per_worker: every worker takes batch_size (the global batch grows with the workers);
+    # global: batch_size is split over the workers (same optimisation at every worker count)
+    batch_policy: Literal["per_worker", "global"] = "per_worker"
+    # the learning rate at 1 worker; scaled with global batch / batch_size (Goyal et al. 2017: linear)
+    lr_scaling: Literal["none", "linear", "sqrt"] = "none"
+    learning_rate: float = Field(1e-4, gt=0, lt=1)
+    weight_decay: float = Field(0.01, ge=0)
+    warmup_ratio: float = Field(0.1, ge=0, lt=1)
+    threads_per_worker: int = Field(1, ge=1)  # torch intra-op threads per rank on CPU
+
+
+def _default_platforms() -> list[Backend]:
+    from pipelines import platforms
+
+    return [Backend(n) for n in platforms.default_names()]
+
+
+class MatrixConfig(Section):
+    """The run's cells: every backend x strategy x worker count x repeat, and their retries."""
+
+    backends: list[Backend] = Field(default_factory=_default_platforms, min_length=1)
+    # a cell's own config carries its one strategy; one a backend cannot run is refused up front
+    strategies: list[TrainingStrategy] = Field(
+        default_factory=lambda: [TrainingStrategy()], min_length=1,
+        json_schema_extra={"items": {"type": "string", "pattern": STRATEGY_PATTERN},
+                           "examples": STRATEGY_EXAMPLES})
+    worker_counts: list[int] = Field(default_factory=lambda: [1, 2], min_length=1)
+    repeats: int = Field(1, ge=1, le=100)  # repeat r trains with seed + r (init and data order)
+    # a failed cell is trained again this many times, resuming from its last checkpoint: the
+    # same policy for the CLI and the DAG (pipelines.stages.train_cell)
+    cell_retries: int = Field(2, ge=0, le=10)
+
+    @field_validator("worker_counts")
+    @classmethod
+    def _positive_unique_workers(cls, v: list[int]) -> list[int]:
+        if any(n < 1 for n in v):
+            raise ValueError("every worker count must be >= 1")
+        return sorted(set(v))
+
+    @field_validator("backends")
+    @classmethod
+    def _unique_backends(cls, v: list[Backend]) -> list[Backend]:
+        return list(dict.fromkeys(v))
+
+    @field_validator("strategies", mode="before")
+    @classmethod
+    def _parse_strategies(cls, v: Any) -> Any:
+        if isinstance(v, (str, dict)):  # one strategy given alone
+            v = [v]
+        return [parse_strategy(item) for item in v] if isinstance(v, list) else v
+
+    @field_validator("strategies")
+    @classmethod
+    def _unique_strategies(cls, v: list[TrainingStrategy]) -> list[TrainingStrategy]:
+        return list({s.name: s for s in v}.values())
+
+
+def _flat_hint(settings: type[BaseModel], loc: tuple) -> str:
+    field = settings.model_fields.get(str(loc[0])) if loc else None
+    extra = field.json_schema_extra if field else None
+    return f" (flat name: {extra['flat']})" if isinstance(extra, dict) and extra.get("flat") else ""
+
+
+class EnginesConfig(BaseModel):
+    """One entry per platform that has settings (``TrainingBackend.settings``), named after it:
+    ``engines.spark.master``, ``engines.ray.address``. Missing entries take the defaults."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _platform_settings(cls, values: Any) -> Any:
+        from pipelines import platforms
+
+        values = dict(values or {})
+        out = {}
+        for name, value in values.items():
+            settings = platforms.get(name).settings  # UnknownPlatform names the registered ones
+            if settings is None:
+                raise ValueError(f"platform {name!r} has no settings")
+            try:
+                out[name] = settings.model_validate(value) if not isinstance(value, settings) else value
+            except ValidationError as err:  # name the whole path, not the settings model's own
+                raise ValueError("; ".join(f"engines.{name}.{'.'.join(map(str, e['loc']))}"
+                                           f"{_flat_hint(settings, e['loc'])}: {e['msg']}"
+                                           for e in err.errors())) from None
+        for platform in platforms.classes():
+            if platform.settings is not None and str(platform.name) not in out:
+                out[str(platform.name)] = platform.settings()
+        return out
+
+    def of(self, platform: str) -> Any:
+        """The settings of ``platform`` (its defaults when this config predates the platform)."""
+        from pipelines import platforms
+
+        found = (self.__pydantic_extra__ or {}).get(str(platform))
+        settings = platforms.get(platform).settings
+        return found if found is not None or settings is None else settings()
+
+
+class TrackingConfig(Section):
+    """Where results go (run folders, MLflow) and how they are judged."""
+
+    output_root: str = deployment("runs", env="BENCHMARK_OUTPUT_ROOT")
+    # default $MLFLOW_TRACKING_URI, else <output_root>/mlflow.db
+    mlflow_tracking_uri: str | None = deployment(None)
+    mlflow_experiment: str = "distributed-training-benchmark"
+    target_accuracy: float = Field(0.7, gt=0, le=1)  # for time-to-accuracy
+    price_per_worker_hour: float = Field(0.0, ge=0)
+    regression_time_threshold: float = Field(0.25, gt=0)  # slowdown fraction that fails
+    regression_accuracy_drop: float = Field(0.05, gt=0)  # absolute accuracy drop that fails
+    regression_baseline_runs: int = Field(5, ge=1, le=50)  # K: baseline = median of the last K runs
+    regression_window_days: int = Field(30, ge=1)  # long-term reference: oldest K runs in this window
+    regression_pinned_baseline: str | None = None  # MLflow run id the team pins as long-term reference
+
+
+SECTIONS: dict[str, type[BaseModel]] = {"data": DataConfig, "training": TrainingConfig, "matrix": MatrixConfig,
+                                        "engines": EnginesConfig, "tracking": TrackingConfig}
+IDENTITY_SECTIONS = ("data", "training")  # what a cell trains: the fingerprint and checkpoint identity

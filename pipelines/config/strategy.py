@@ -1,0 +1,106 @@
+"""How the ranks of a cell cooperate: ``TrainingStrategy`` and its short names ("fp16", "localsgd-4").
+
+A strategy is part of the config (``matrix.strategies``); ``pipelines.training.strategies`` runs it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from pipelines.paths import DEFAULT_STRATEGY
+
+# A strategy name as a trigger form accepts it (the JSON schema of ``matrix.strategies`` items).
+_PART = r"(default|fp16|bf16|powersgd(-r[0-9]+)?|localsgd-[0-9]+|fsdp|ddp|weighted_sampler|weighted_loss)"
+STRATEGY_PATTERN = rf"^{_PART}(\+{_PART})*$"
+STRATEGY_EXAMPLES = ["default", "fp16", "bf16", "powersgd-r1", "powersgd-r4", "localsgd-4", "localsgd-16", "fsdp",
+                     "weighted_sampler", "weighted_loss"]
+
+
+class TrainingStrategy(BaseModel):
+    """How the ranks of a cell cooperate, orthogonal to the backend that launches them.
+
+    ``comm_hook``: DDP gradient communication (``none`` = fp32 all-reduce; ``fp16`` / ``bf16``
+    compression; ``powersgd`` low-rank compression of rank ``powersgd_rank``); ``sync_every``:
+    local SGD, parameters averaged every N steps (1 = plain synchronous DDP); ``sharding``:
+    ``ddp`` (replicated) or ``fsdp`` (FSDP2 ``fully_shard``); ``imbalance``: how training
+    counters an imbalanced train split (``weighted_sampler`` draws rows with probability
+    1 / class count, ``weighted_loss`` weights the loss by N / (K * class count)).
+    ``name`` is the short label of cells and reports ("default" when nothing is changed).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    comm_hook: Literal["none", "fp16", "bf16", "powersgd"] = "none"
+    powersgd_rank: int = Field(1, ge=1, le=64)  # matrix_approximation_rank of PowerSGD
+    sync_every: int = Field(1, ge=1, le=10_000)  # local SGD period in optimizer steps
+    sharding: Literal["ddp", "fsdp"] = "ddp"
+    imbalance: Literal["none", "weighted_sampler", "weighted_loss"] = "none"
+
+    @property
+    def name(self) -> str:
+        parts = []
+        if self.comm_hook == "powersgd":
+            parts.append(f"powersgd-r{self.powersgd_rank}")
+        elif self.comm_hook != "none":
+            parts.append(self.comm_hook)
+        if self.sync_every > 1:
+            parts.append(f"localsgd-{self.sync_every}")
+        if self.sharding != "ddp":
+            parts.append(self.sharding)
+        if self.imbalance != "none":
+            parts.append(self.imbalance)
+        return "+".join(parts) or DEFAULT_STRATEGY
+
+    @property
+    def is_default(self) -> bool:
+        return self.name == DEFAULT_STRATEGY
+
+    def result_fields(self) -> dict[str, Any]:
+        """The CellResult fields that record this strategy."""
+        return {"strategy": self.name, "comm_hook": self.comm_hook,
+                "powersgd_rank": self.powersgd_rank if self.comm_hook == "powersgd" else None,
+                "sync_every": self.sync_every, "sharding": self.sharding, "imbalance": self.imbalance}
+
+    @property
+    def needs_process_group(self) -> bool:
+        """Strategies about how ranks talk: meaningless on one worker."""
+        return self.comm_hook != "none" or self.sync_every > 1 or self.sharding != "ddp"
+
+    @model_validator(mode="after")
+    def _compatible(self) -> "TrainingStrategy":
+        if self.sharding == "fsdp" and (self.comm_hook != "none" or self.sync_every > 1):
+            raise ValueError("sharding=fsdp takes no DDP comm_hook and no sync_every > 1 "
+                             "(FSDP reduce-scatters gradients itself; hooks and local SGD are DDP's)")
+        if self.comm_hook != "none" and self.sync_every > 1:
+            raise ValueError("comm_hook and sync_every > 1 exclude each other: local SGD registers "
+                             "its own DDP hook (post-local-SGD)")
+        return self
+
+
+def parse_strategy(value: Any) -> Any:
+    """A strategy as the CLI / trigger form gives it: a dict of fields, or a canonical name
+    (``"default"``, ``"fp16"``, ``"powersgd-r2"``, ``"localsgd-4"``, ``"fsdp"``,
+    ``"weighted_loss"``, joined with ``+``)."""
+    if not isinstance(value, str):
+        return value
+    fields: dict[str, Any] = {}
+    for part in filter(None, value.strip().split("+")):
+        if part == DEFAULT_STRATEGY:
+            continue
+        if part in ("fp16", "bf16", "powersgd"):
+            fields["comm_hook"] = part
+        elif part.startswith("powersgd-r") and part[10:].isdigit():
+            fields.update(comm_hook="powersgd", powersgd_rank=int(part[10:]))
+        elif part.startswith("localsgd-") and part[9:].isdigit():
+            fields["sync_every"] = int(part[9:])
+        elif part in ("fsdp", "ddp"):
+            fields["sharding"] = part
+        elif part in ("weighted_sampler", "weighted_loss"):
+            fields["imbalance"] = part
+        else:
+            raise ValueError(f"unknown strategy part {part!r} in {value!r} (known: default, fp16, bf16, "
+                             "powersgd, powersgd-r<rank>, localsgd-<steps>, fsdp, weighted_sampler, "
+                             "weighted_loss; joined with '+')")
+    return fields

@@ -1,0 +1,152 @@
+"""The data contract as GX expectation suites: snapshot, class balance, contract facts and token
+shards, plus the small frames (class shares, contract facts) those suites check."""
+
+from __future__ import annotations
+
+import logging
+
+import pandas as pd
+
+from pipelines.config import BenchmarkConfig
+from pipelines.data.manifest import ManifestError, task_labels
+
+log = logging.getLogger("pipelines.data.validate")  # the stage's logger, as before the split
+
+
+# --- snapshot -----------------------------------------------------------------------------
+
+
+def expected_labels(manifest: dict) -> list[int]:
+    """The task's label set (manifest); when the train labels do not form 0..K-1, the set they
+    should have been (0..K-1 for K distinct labels), so GX names every row outside it."""
+    try:
+        return task_labels(manifest)
+    except ManifestError as err:
+        log.warning("%s", err)
+        count = len(manifest.get("splits", {}).get("train", {}).get("rows_per_label") or {})
+        return list(range(max(count, 2)))
+
+
+def class_share_bound(config: BenchmarkConfig, num_classes: int, split: str = "test") -> float:
+    """Smallest allowed share of one class: ``min_class_fraction`` is the bound for two classes,
+    scaled to K classes (0.4 for 2 classes -> 0.267 for 3).
+
+    A train split made imbalanced on purpose (``class_ratio``) is held to the share the ratio
+    asks for instead (ratio / (1 + (K-1) ratio), less 10 % for rounding), so the contract still
+    catches a train split even more skewed than requested; test keeps ``min_class_fraction``."""
+    bound = config.data.min_class_fraction * 2 / num_classes
+    if split == "train" and config.data.class_ratio is not None:
+        intended = config.data.class_ratio / (1 + (num_classes - 1) * config.data.class_ratio)
+        return min(bound, 0.9 * intended)
+    return bound
+
+
+def class_frame(frame: pd.DataFrame, labels: list[int]) -> pd.DataFrame:
+    """One row per label of the task: its share of the split (what the balance suite checks)."""
+    counts = frame["label"].value_counts() if "label" in frame.columns else pd.Series(dtype="int64")
+    total = max(len(frame), 1)
+    return pd.DataFrame({"label": labels, "share": [float(counts.get(k, 0)) / total for k in labels]})
+
+
+def class_expectations(config: BenchmarkConfig, labels: list[int], split: str = "test") -> list:
+    import great_expectations.expectations as gxe
+
+    bound = class_share_bound(config, len(labels), split)
+    note = ("" if split != "train" or config.data.class_ratio is None
+            else f" (class_ratio={config.data.class_ratio}: train imbalanced on purpose)")
+    if split == "train" and config.data.class_ratio is None:
+        note = " (an imbalanced train split on purpose: set class_ratio, which relaxes this bound for train)"
+    return [gxe.ExpectColumnValuesToBeBetween(column="share", min_value=bound,
+                                              meta={"notes": f"every class holds >= {bound:.3f} of {split}{note}"})]
+
+
+def snapshot_expectations(config: BenchmarkConfig, expected_rows: int, labels: list[int]) -> list:
+    import great_expectations.expectations as gxe
+
+    return [
+        gxe.ExpectColumnToExist(column="text"),
+        gxe.ExpectColumnToExist(column="label"),
+        gxe.ExpectTableColumnsToMatchSet(column_set=["text", "label"], exact_match=True),
+        gxe.ExpectTableRowCountToEqual(value=expected_rows),  # what the manifest promised
+        gxe.ExpectTableRowCountToBeBetween(min_value=1),  # an empty split is never fine
+        gxe.ExpectColumnValuesToBeOfType(column="text", type_="str"),
+        gxe.ExpectColumnValuesToBeOfType(column="label", type_="int64"),
+        gxe.ExpectColumnValuesToNotBeNull(column="text"),
+        gxe.ExpectColumnValuesToNotBeNull(column="label"),
+        gxe.ExpectColumnValuesToNotMatchRegex(column="text", regex=r"^\s*$"),  # blank after strip
+        gxe.ExpectColumnValueLengthsToBeBetween(
+            column="text", min_value=config.data.min_text_chars, max_value=config.data.max_text_chars
+        ),
+        gxe.ExpectColumnValuesToBeInSet(column="label", value_set=labels),  # the manifest's task
+    ]
+
+
+def contract_frame(frames: dict[str, pd.DataFrame], manifest: dict, labels: list[int]) -> pd.DataFrame:
+    """One row of data-contract facts: leakage, duplicates, rows against the request, class sizes."""
+    facts: dict[str, float] = {}
+    if all("text" in f.columns for f in frames.values()):
+        train_texts = set(frames["train"]["text"].dropna()) | set(frames["validation"]["text"].dropna())
+        test = frames["test"]["text"]
+        facts["test_rows_in_train_fraction"] = float(test.isin(train_texts).mean()) if len(test) else 0.0
+        for split, frame in frames.items():
+            facts[f"duplicate_fraction_{split}"] = float(frame["text"].duplicated().mean()) if len(frame) else 0.0
+    splits = manifest.get("splits", {})
+    sampled = {"train": splits.get("train", {}).get("rows", 0) + splits.get("validation", {}).get("rows", 0),
+               "test": splits.get("test", {}).get("rows", 0)}
+    for split in ("train", "test"):
+        requested = splits.get(split, {}).get("requested_samples")
+        facts[f"rows_short_{split}"] = float(max(0, (requested or 0) - sampled[split]))
+        counts = frames[split]["label"].value_counts() if "label" in frames[split].columns else pd.Series()
+        facts[f"smallest_class_{split}"] = float(min((counts.get(k, 0) for k in labels), default=0))
+    return pd.DataFrame([facts])
+
+
+def contract_expectations(config: BenchmarkConfig, columns: list[str]) -> list:
+    import great_expectations.expectations as gxe
+
+    out = []
+    for column in columns:
+        if column == "test_rows_in_train_fraction":
+            out.append(gxe.ExpectColumnValuesToBeBetween(column=column, max_value=config.data.max_overlap_fraction))
+        elif column.startswith("duplicate_fraction_"):
+            out.append(gxe.ExpectColumnValuesToBeBetween(column=column, max_value=config.data.max_duplicate_fraction))
+        elif column.startswith("rows_short_") and not config.data.allow_small_data:
+            out.append(gxe.ExpectColumnValuesToBeBetween(column=column, max_value=0))
+        elif column.startswith("smallest_class_") and not config.data.allow_small_data:
+            out.append(gxe.ExpectColumnValuesToBeBetween(column=column, min_value=config.data.min_rows_per_class))
+    return out
+
+
+def contract_relaxed(config: BenchmarkConfig, facts: dict) -> bool:
+    """The data passed only because allow_small_data let it: such a run is never a baseline."""
+    small = any(v > 0 for k, v in facts.items() if k.startswith("rows_short_")) or any(
+        v < config.data.min_rows_per_class for k, v in facts.items() if k.startswith("smallest_class_"))
+    return config.data.allow_small_data and small
+
+
+# --- tokens -------------------------------------------------------------------------------
+
+
+def token_expectations(config: BenchmarkConfig, expected_rows: int, vocab_size: int, cls_id: int | None,
+                       check_order: bool, labels: list[int]) -> list:
+    import great_expectations.expectations as gxe
+
+    length = config.data.max_seq_len
+    helpers = ("input_len", "mask_len", "id_min", "id_max", "first_id", "mask_min", "mask_max", "label")
+    expectations = [gxe.ExpectColumnToExist(column=c) for c in helpers] + [
+        gxe.ExpectTableRowCountToEqual(value=expected_rows),  # same rows as the snapshot
+        gxe.ExpectTableRowCountToBeBetween(min_value=1),
+        gxe.ExpectColumnValuesToBeBetween(column="input_len", min_value=length, max_value=length),
+        gxe.ExpectColumnValuesToBeBetween(column="mask_len", min_value=length, max_value=length),
+        gxe.ExpectColumnValuesToBeBetween(column="id_min", min_value=0),
+        gxe.ExpectColumnValuesToBeBetween(column="id_max", max_value=vocab_size - 1),
+        gxe.ExpectColumnValuesToBeBetween(column="mask_min", min_value=0, max_value=1),
+        gxe.ExpectColumnValuesToBeBetween(column="mask_max", min_value=0, max_value=1),
+        gxe.ExpectColumnValuesToNotBeNull(column="label"),
+        gxe.ExpectColumnValuesToBeInSet(column="label", value_set=labels),
+    ]
+    if cls_id is not None:
+        expectations.append(gxe.ExpectColumnValuesToBeInSet(column="first_id", value_set=[cls_id]))
+    if check_order:  # labels line up with the snapshot row by row: the order contract holds
+        expectations.append(gxe.ExpectColumnPairValuesToBeEqual(column_A="label", column_B="snapshot_label"))
+    return expectations

@@ -1,0 +1,67 @@
+"""The "Beside the published study" section: each platform's overhead over DDP here, where the
+extra time goes, beside the study's figure, with the caveats of the modes this run used."""
+
+from __future__ import annotations
+
+from pipelines.config import Backend
+from pipelines.report.tables import PHASE_ORDER, _fmt, _md_table, _mode, _text, mode_caveat, study_overhead
+from pipelines.summary import Aggregate, RunSummary
+
+# The published study this benchmark reproduces (README): BERT-tiny on IMDB, 3 GPU nodes.
+STUDY_SETTING = "3 GPU nodes; DDP: 20 epochs in 499 s on 2 GPUs"
+STUDY_COLUMNS = ["platform", "mode here", "workers", "hardware here", "overhead here (total)",
+                 "overhead here (training)", "where the extra time goes (vs ddp, medians)", "study's overhead",
+                 "study's setting"]
+
+
+def _where_the_time_goes(a: Aggregate, ddp: Aggregate) -> str:
+    """The phase that carries most of a platform's extra time over DDP (``phases``; start-up /
+    training for summaries written before phases were recorded)."""
+    total = (a.total_seconds.median or 0.0) - (ddp.total_seconds.median or 0.0)
+    if a.phases and ddp.phases:
+        extra = {p: a.phases.get(p, 0.0) - ddp.phases.get(p, 0.0) for p in PHASE_ORDER
+                 if p in a.phases or p in ddp.phases}
+    else:
+        extra = {"start-up": (a.startup_seconds.median or 0.0) - (ddp.startup_seconds.median or 0.0),
+                 "training": (a.training_seconds.median or 0.0) - (ddp.training_seconds.median or 0.0)}
+    ranked = sorted(extra, key=lambda k: -abs(extra[k]))
+    parts = ", ".join(f"{k} {extra[k]:+.2f} s" for k in ranked[:3])
+    return f"{total:+.2f} s total, mostly {ranked[0]}: {parts}"
+
+
+def study_rows(summary: RunSummary) -> list[list[str]]:
+    """Each platform's overhead over DDP here beside the study's, with this run's mode and hardware."""
+    ddp = {a.workers: a for a in summary.aggregates if a.backend == Backend.DDP and a.repeats_ok}
+    hardware = summary.hardware.hardware_class
+    rows = []
+    for a in summary.aggregates:
+        if a.backend == Backend.DDP or not a.repeats_ok or a.workers not in ddp:
+            continue
+        study = study_overhead(str(a.backend))
+        rows.append([
+            str(a.backend), _mode(a, "unknown"), str(a.workers), hardware,
+            _fmt(a.overhead_vs_ddp_total, "pct"), _fmt(a.overhead_vs_ddp_training, "pct"),
+            _where_the_time_goes(a, ddp[a.workers]),
+            "n/a" if study is None else f"{study * 100:+.0f} % ({1 + study:.2f}x)", STUDY_SETTING,
+        ])
+    return rows
+
+
+def _study_lines(summary: RunSummary) -> list[str]:
+    rows = study_rows(summary)
+    if not rows:
+        return ["No platform besides DDP finished at a worker count DDP also ran: nothing to set beside the study."]
+    lines = [_md_table(STUDY_COLUMNS, [[_text(c) for c in row] for row in rows]), ""]
+    modes = sorted({(str(a.backend), a.platform_mode) for a in summary.aggregates if a.platform_mode})
+    caveats = [f"- {backend} ({mode}): {caveat}" for backend, mode in modes
+               if (caveat := mode_caveat(backend, mode))]
+    if caveats:
+        lines += ["Local modes are not the platform's cluster overhead:", *caveats]
+    if {Backend.SPARK, Backend.SPARK_DATAFRAME} <= {a.backend for a in summary.aggregates if a.repeats_ok}:
+        lines.append("- spark and spark_dataframe are the same TorchDistributor run with two data feeds: each "
+                     "rank reads the token files (files feed), or the tokenized DataFrame's partitions reach "
+                     "the ranks through a Spark barrier stage (dataframe feed); their difference is what "
+                     "feeding the data through Spark costs.")
+    lines.append("- The study's percentages are its whole-run overheads on GPUs; this run's are per cell "
+                 "(total = adapter entry to result, training = the training phase alone).")
+    return lines

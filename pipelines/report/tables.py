@@ -1,0 +1,201 @@
+"""The report's tables: platform texts (caveats, study overheads, colours), cell formatting,
+the comparison, strategies and phases tables as rows of strings, and Markdown tables."""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from pipelines.config import BenchmarkConfig
+from pipelines.paths import DEFAULT_STRATEGY
+from pipelines.summary import Aggregate, RunSummary
+from pipelines.training import phases
+
+# --- what the report says per platform (to move into the platform registry: repoint the three
+# functions below, nothing else reads the dicts) -------------------------------------------------
+
+# over DDP: Determined 1.21x, Spark 2.87x (the study's one Spark figure, beside both Spark data feeds)
+def _platform(backend: Any):
+    """The registered platform of a backend name; None for one no longer registered (old runs)."""
+    from pipelines import platforms
+
+    try:
+        return platforms.get(str(backend))
+    except platforms.UnknownPlatform:
+        return None
+
+
+def mode_caveat(backend: Any, mode: str | None) -> str | None:
+    """Why a platform's (non-cluster) mode does not measure its cluster overhead; None if nothing to say."""
+    platform = _platform(backend)
+    return platform.mode_caveats.get(mode) if platform and mode else None
+
+
+def study_overhead(backend: Any) -> float | None:
+    """The published study's overhead over DDP for a platform (0.21 = 21 % slower); None if not studied."""
+    platform = _platform(backend)
+    return platform.study_overhead if platform else None
+
+
+def backend_colour(backend: Any) -> str | None:
+    """The platform's plot colour; None: the plot's own colour cycle."""
+    platform = _platform(backend)
+    return platform.colour if platform else None
+
+
+# --- formatting ------------------------------------------------------------------------------
+
+def _interval(ci, kind: str = "num", with_n: bool = False) -> str:
+    if ci.low is None:
+        return "n/a"
+    text = f"{_fmt(ci.low, kind)} - {_fmt(ci.high, kind)}"
+    return f"{text} ({ci.n})" if with_n else text
+
+
+def _fmt(value: Any, kind: str = "num") -> str:
+    if value is None:
+        return "n/a"
+    if kind == "pct":
+        return f"{value * 100:+.1f} %"
+    if kind == "ratio":
+        return f"{value:.2f}"
+    if kind in ("acc", "cost"):
+        return f"{value:.4f}"
+    return f"{value:.2f}"
+
+
+def _mode(a: Aggregate, missing: str) -> str:
+    """How the platform ran, and how the training rows reached its ranks: "cluster, dataframe feed"."""
+    mode = a.platform_mode or missing
+    return f"{mode}, {a.data_feed} feed" if a.data_feed else mode
+
+
+def _text(value: Any) -> str:
+    """A value from results or config, inert in Markdown and HTML (errors, sources, names)."""
+    return html.escape(str(value), quote=True).replace("|", "&#124;").replace("`", "&#96;")
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+# --- the platform comparison --------------------------------------------------------------------
+
+TABLE_COLUMNS = [
+    "backend", "mode", "workers", "repeats ok", "total s (median)", "training s (median)",
+    "total s 95 % CI (n)", "samples/s (median)", "test accuracy (median)", "test accuracy 95 % CI",
+    "test F1 (median)", "time to target s", "scaling efficiency", "overhead vs ddp (total)",
+    "overhead vs ddp (training)", "resumed", "est. cost",
+]
+
+
+def table_rows(summary: RunSummary) -> list[list[str]]:
+    rows = []
+    for a in summary.aggregates:
+        tta = a.time_to_target_seconds
+        tta_text = "not reached" if tta is None else f"{tta:.2f} ({a.reached_target}/{a.repeats_ok})"
+        rows.append([
+            a.backend, _mode(a, "n/a"), str(a.workers), f"{a.repeats_ok}/{a.repeats}",
+            _fmt(a.total_seconds.median), _fmt(a.training_seconds.median),
+            _interval(a.total_seconds_ci, with_n=True), _fmt(a.samples_per_second.median),
+            _fmt(a.test_accuracy.median, "acc"), _interval(a.test_accuracy_ci, "acc"),
+            _fmt(a.test_f1.median, "acc"), tta_text, _fmt(a.scaling_efficiency, "ratio"),
+            _fmt(a.overhead_vs_ddp_total, "pct"), _fmt(a.overhead_vs_ddp_training, "pct"),
+            f"{a.resumed_cells}/{a.repeats_ok}", _fmt(a.estimated_cost, "cost"),
+        ])
+    return rows
+
+
+def platform_view(summary: RunSummary, config: BenchmarkConfig) -> RunSummary:
+    """The summary restricted to the run's first strategy ("default" unless changed): what the
+    platform comparison, the study section and the plots compare; strategies get their own table."""
+    first = config.matrix.strategies[0].name
+    return summary.model_copy(update={"aggregates": [a for a in summary.aggregates if a.strategy == first]})
+
+
+# --- training strategies (issue 13) -------------------------------------------------------------
+
+STRATEGY_COLUMNS = [
+    "backend", "strategy", "workers", "repeats ok", "total s (median)", "training s (median)",
+    "training vs default", "samples/s (median)", "test accuracy (median)", "test macro-F1 (median)",
+    "test recall per class", "comm MB/step", "phases: data / compute / communication s",
+]
+
+
+def strategy_rows(summary: RunSummary) -> list[list[str]]:
+    """One row per (backend, strategy, workers): time, accuracy, macro-F1, per-class recall (the
+    imbalance strategies' effect), payload per step handed to collectives (comm hooks, local SGD)."""
+    default = {(a.backend, a.workers): a for a in summary.aggregates if a.strategy == DEFAULT_STRATEGY}
+    rows = []
+    # grouped by backend and workers; strategies in the run's order (stable sort)
+    for a in sorted(summary.aggregates, key=lambda a: (str(a.backend), a.workers)):
+        base = default.get((a.backend, a.workers))
+        vs_default = None
+        if base is not None and a is not base and base.training_seconds.median and a.training_seconds.median:
+            vs_default = a.training_seconds.median / base.training_seconds.median - 1
+        rows.append([
+            str(a.backend), a.strategy, str(a.workers), f"{a.repeats_ok}/{a.repeats}",
+            _fmt(a.total_seconds.median), _fmt(a.training_seconds.median),
+            "-" if a is base else _fmt(vs_default, "pct"), _fmt(a.samples_per_second.median),
+            _fmt(a.test_accuracy.median, "acc"), _fmt(a.test_f1.median, "acc"),
+            " / ".join(f"{r:.3f}" for r in a.recall_per_class) or "n/a",
+            "n/a" if a.comm_bytes_per_step is None else f"{a.comm_bytes_per_step / 2**20:.3f}",
+            " / ".join(f"{a.phases.get(p, 0.0):.2f}" for p in ("data", "compute", "communication"))
+            if a.phases else "n/a",
+        ])
+    return rows
+
+
+def _strategy_lines(summary: RunSummary, config: BenchmarkConfig) -> list[str]:
+    lines = [_md_table(STRATEGY_COLUMNS, strategy_rows(summary)), ""]
+    lines.append("Each strategy is a cell of its own (pipelines.config.TrainingStrategy): `fp16`/`bf16`/"
+                 "`powersgd-r<k>` are DDP gradient-compression hooks, `localsgd-<n>` averages the parameters "
+                 "every n steps instead of all-reducing gradients, `fsdp` shards parameters, gradients and "
+                 "optimizer state (FSDP2), `weighted_sampler`/`weighted_loss` counter class imbalance. Test "
+                 "recall per class is label 0 / 1 / ...; the imbalance strategies should raise the minority "
+                 "class's. comm MB/step: payload each rank hands to gradient/parameter collectives per "
+                 "optimizer step (compressed sizes for the hooks; n/a for one worker and FSDP). Phases: the "
+                 "training phase split as in 'Where the time goes' (FSDP's collectives are not hooks: its "
+                 "communication counts as compute).")
+    skipped = config.not_applicable_cells()
+    if skipped:
+        lines.append("Not applicable (no cell): " + ", ".join(f"{s} at {n} worker" for s, n in skipped)
+                     + ": one worker has no one to communicate with.")
+    if config.data.class_ratio is not None:
+        lines.append(f"Train sample imbalanced on purpose: class_ratio={config.data.class_ratio} (every label other "
+                     "than 0 has that fraction of label 0's rows); test stays stratified.")
+    return lines
+
+
+# --- where the time goes ------------------------------------------------------------------------
+
+PHASE_ORDER = (*phases.PHASES, phases.RETRIES)
+
+
+def phase_rows(summary: RunSummary) -> list[list[str]]:
+    """Per (backend, workers): each phase's median seconds and its share of the total."""
+    rows = []
+    for a in summary.aggregates:
+        if not a.phases:
+            continue
+        total = sum(a.phases.values())
+        rows.append([a.key, _fmt(a.total_seconds.median, "s")] + [
+            f"{a.phases[p]:.2f} ({a.phases[p] / total * 100:.0f} %)" if p in a.phases and total else "-"
+            for p in PHASE_ORDER])
+    return rows
+
+
+def _phase_lines(summary: RunSummary) -> list[str]:
+    rows = phase_rows(summary)
+    if not rows:
+        return ["No finished cell recorded phases."]
+    return [_md_table(["cell", "total", *PHASE_ORDER], rows), "",
+            "Phases (seconds, median over repeats; share of their sum): launch = adapter entry to the first "
+            "training step (processes, JVM/executors, platform start-up, data and model loading); data = "
+            "waiting for batches; communication = a gradient all-reduce in flight (DDP hook timer; overlap "
+            "with the backward pass counts here) + epoch metrics' all-reduce; compute = the rest of the "
+            "training steps; checkpoint = per-epoch checkpoints + model export; evaluation = per-epoch "
+            "held-out + final test; teardown = result written to the attempt's end (process exit, session / "
+            "cluster stop); retries = earlier failed attempts. Definitions: `pipelines/training/phases.py`."]

@@ -1,0 +1,168 @@
+"""What a cell's training strategy does inside the shared loop, as one object the loop calls.
+
+``runtime_for`` picks the object for the cell's strategy; the loop
+(``pipelines.training.loop``) calls the same methods for every strategy, in this order:
+
+    runtime = runtime_for(strategy, distributed, env, class_counts)
+    loader = runtime.prepare_loader(train_loader(..., runtime.counts))
+    runtime.shard(model)                        # before the optimizer is built over the parameters
+    runtime.load_optimizer_state(model, optimizer, state)      # resume
+    wrapped = runtime.wrap(model, steps_done)   # after the resume; what the training steps call
+    forward(wrapped, batch, device, runtime.loss_weights); ...; runtime.after_step(record)
+    runtime.at_epoch_end(record)                # before the epoch's metrics and evaluation
+    evaluate(..., pad_to_batches=runtime.eval_batches(rows, batch_size))
+    runtime.checkpoint_state(model, optimizer)  # every rank (collective when sharded)
+    runtime.final_model(model, rebuild)         # every rank; rank 0 gets the model to test
+    runtime.comm_bytes_per_step                 # for the result
+
+- ``Replicated``: the distributed seam's ``wrap_model`` (DDP) with the strategy's comm hook
+  registered on it (``strategies.apply_strategy``); also every one-process cell;
+- ``LocalSGD``: replicated, plus the periodic parameter averaging after steps and at epoch end,
+  timed as communication; on resume it continues its averaging period;
+- ``Sharded``: FSDP2 (the seam's ``shard_model``, before the optimizer), full state dicts for
+  checkpoints and the final model, padded evaluation so every rank joins the same all-gathers.
+
+Class imbalance (weighted sampler or weighted loss) works the same under each of them.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+
+import torch
+
+from pipelines.config import TrainingStrategy
+from pipelines.training import strategies
+from pipelines.training.distributed import DistEnv, TorchDistributed
+from pipelines.training.record import TrainingRecord
+
+log = logging.getLogger("pipelines.training")
+
+
+class Replicated:
+    """DDP (or the seam's own wrapper) with the strategy's comm hook; one process: the model."""
+
+    sharded = False
+
+    def __init__(self, strategy: TrainingStrategy, distributed: TorchDistributed, env: DistEnv,
+                 class_counts: Callable[[], list[int]]) -> None:
+        self.strategy, self.distributed, self.env = strategy, distributed, env
+        # train rows per label (the manifest's), read only when an imbalance strategy needs them
+        self.counts = class_counts() if strategy.imbalance != "none" else None
+        self.loss_weights = strategies.class_weights(self.counts) if strategy.imbalance == "weighted_loss" else None
+        self.hooks: strategies.StrategyRuntime | None = None  # set by ``wrap``
+
+    # --- data -----------------------------------------------------------------------------
+    def prepare_loader(self, loader):
+        """The seam's loader preparation, refused when it replaced the weighted sampler."""
+        loader = self.distributed.prepare_loader(loader, self.env)
+        if self.strategy.imbalance == "weighted_sampler" and \
+                not isinstance(loader.sampler, strategies.DistributedWeightedSampler):
+            # a framework's loader preparation replaced the sampler: refuse rather than train unweighted
+            raise RuntimeError(f"strategy {self.strategy.name!r}: {type(self.distributed).__name__}.prepare_loader "
+                               f"replaced the weighted sampler with {type(loader.sampler).__name__}; "
+                               "keep the loop's sampler")
+        return loader
+
+    def eval_batches(self, rows: int, batch_size: int) -> int | None:
+        """Evaluation forwards every rank must run (None: as many as its own share needs)."""
+        return None
+
+    # --- model ----------------------------------------------------------------------------
+    def shard(self, model: torch.nn.Module) -> None:
+        """Before the optimizer is built: nothing to do for a replicated model."""
+
+    def wrap(self, model: torch.nn.Module, steps_done: int) -> torch.nn.Module:
+        """The module the training steps call, with the strategy's comm hook registered on it
+        (``steps_done``: optimizer steps of the epochs already trained, on resume)."""
+        wrapped = self._wrapped(model)
+        self.hooks = strategies.apply_strategy(wrapped, self.strategy, self.env.world_size,
+                                               timer=self.distributed.comm_timer)
+        if self.env.is_main and not self.strategy.is_default:
+            log.info("strategy %s (%s)", self.strategy.name, self.strategy.model_dump())
+        return wrapped
+
+    def _wrapped(self, model: torch.nn.Module) -> torch.nn.Module:
+        return self.distributed.wrap_model(model, self.env)
+
+    def load_optimizer_state(self, model: torch.nn.Module, optimizer, state: dict) -> None:
+        strategies.load_optimizer_state(model, optimizer, state, self.sharded)
+
+    # --- steps ----------------------------------------------------------------------------
+    def after_step(self, record: TrainingRecord) -> None:
+        """After ``optimizer.step()``: count the step (bytes per step)."""
+        self.hooks.after_step()
+
+    def at_epoch_end(self, record: TrainingRecord) -> None:
+        """After the epoch's last step: every replica already holds the same model."""
+
+    # --- checkpoint and result ------------------------------------------------------------
+    def checkpoint_state(self, model: torch.nn.Module, optimizer) -> tuple[dict, dict]:
+        """(model, optimizer) state dicts as one process would have them."""
+        return strategies.full_state_dicts(model, optimizer, self.sharded)
+
+    def final_model(self, model: torch.nn.Module, rebuild: Callable[[], torch.nn.Module]) -> torch.nn.Module:
+        """The trained model for rank 0's final test and export (call on every rank)."""
+        return model
+
+    @property
+    def comm_bytes_per_step(self) -> float | None:
+        return self.hooks.comm_bytes_per_step if self.hooks is not None else None
+
+
+class LocalSGD(Replicated):
+    """``sync_every`` > 1 on several ranks: no gradient all-reduce; parameters averaged after
+    every ``sync_every``-th step and at each epoch's end (one model to evaluate and save)."""
+
+    def wrap(self, model: torch.nn.Module, steps_done: int) -> torch.nn.Module:
+        wrapped = super().wrap(model, steps_done)
+        self.hooks.averager.step += steps_done  # resumes its averaging period where it was
+        return wrapped
+
+    def after_step(self, record: TrainingRecord) -> None:
+        with record.communicating():  # the periodic parameter averaging
+            self.hooks.after_step()
+
+    def at_epoch_end(self, record: TrainingRecord) -> None:
+        with record.communicating():
+            self.hooks.synchronise()
+
+
+class Sharded(Replicated):
+    """``sharding=fsdp`` on several ranks: FSDP2 shards in place before the optimizer is built."""
+
+    sharded = True
+
+    def shard(self, model: torch.nn.Module) -> None:
+        # FSDP2 replaces the parameters: shard first, then build the optimizer over the shards
+        self._sharded = self.distributed.shard_model(model, self.env)
+
+    def _wrapped(self, model: torch.nn.Module) -> torch.nn.Module:
+        return self._sharded
+
+    def eval_batches(self, rows: int, batch_size: int) -> int | None:
+        # every rank runs as many evaluation forwards as the rank with the largest share
+        return math.ceil(math.ceil(rows / self.env.world_size) / batch_size)
+
+    def final_model(self, model: torch.nn.Module, rebuild: Callable[[], torch.nn.Module]) -> torch.nn.Module:
+        """One unsharded copy on rank 0 (the full state dict is a collective: every rank)."""
+        full = strategies.full_model_state(model, sharded=True)
+        if not self.env.is_main:
+            return model
+        model = rebuild()
+        model.load_state_dict(full)
+        model.to(self.env.device)
+        return model
+
+
+def runtime_for(strategy: TrainingStrategy, distributed: TorchDistributed, env: DistEnv,
+                class_counts: Callable[[], list[int]]) -> Replicated:
+    """The runtime of ``strategy`` for this rank (``class_counts``: the train split's rows per
+    label, called only for an imbalance strategy)."""
+    if env.world_size > 1 and strategy.sharding == "fsdp":
+        return Sharded(strategy, distributed, env, class_counts)
+    if env.world_size > 1 and strategy.sync_every > 1:
+        return LocalSGD(strategy, distributed, env, class_counts)
+    return Replicated(strategy, distributed, env, class_counts)
