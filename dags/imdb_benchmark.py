@@ -265,7 +265,7 @@ def imdb_benchmark():
         from pipelines.paths import RunPaths
 
         paths = RunPaths(Path(run_dir))
-        if read_config(paths.config).spark_master != spark_cluster.EMBEDDED:
+        if read_config(paths.config).engine("spark").master != spark_cluster.EMBEDDED:
             log.info("spark_master is not 'embedded': no cluster to start")
             return None
         return spark_cluster.start(paths)

@@ -90,7 +90,8 @@ def trend_series(runs: list[RunRecord], profile: str, window_days: int | None = 
     for run in chosen:
         for key, agg in run.aggregates.items():
             keys.setdefault(key, agg)
-    ordered = sorted(keys, key=lambda k: (keys[k]["backend"] != "ddp", str(keys[k]["backend"]),
+    place = {name: i for i, name in enumerate(platforms.names())}  # the registry's order, ddp first
+    ordered = sorted(keys, key=lambda k: (place.get(keys[k]["backend"], len(place)), str(keys[k]["backend"]),
                                           str(keys[k].get("strategy") or ""), keys[k]["workers"] or 0))
     series = []
     for key in ordered:

@@ -188,6 +188,13 @@ class RayBackend(TrainingBackend):
         log.info("ray: %s in %.1fs", "local cluster stopped" if local else "disconnected",
                  time.perf_counter() - start)
 
+    def cleanup(self) -> list[int]:
+        """Ray processes of this driver's own cluster that a failed cell left (``launch``'s
+        shutdown stops them; this catches what outlived it)."""
+        leftovers = cluster_processes()
+        signals.stop_leftovers(leftovers, grace_s=1.0, owner="ray")
+        return [p.pid for p in leftovers]
+
     def versions(self) -> dict[str, str]:
         import ray
 

@@ -128,7 +128,8 @@ def _flat_hint(settings: type[BaseModel], loc: tuple) -> str:
 
 class EnginesConfig(BaseModel):
     """One entry per platform that has settings (``TrainingBackend.settings``), named after it:
-    ``engines.spark.master``, ``engines.ray.address``. Missing entries take the defaults."""
+    ``engines.spark.master``, ``engines.ray.address``. A platform from outside the project (a
+    plug-in, a test) appears only where set, so configs written without it load without it."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
 
@@ -149,9 +150,10 @@ class EnginesConfig(BaseModel):
                 raise ValueError("; ".join(f"engines.{name}.{'.'.join(map(str, e['loc']))}"
                                            f"{_flat_hint(settings, e['loc'])}: {e['msg']}"
                                            for e in err.errors())) from None
-        for platform in platforms.classes():
-            if platform.settings is not None and str(platform.name) not in out:
-                out[str(platform.name)] = platform.settings()
+        for name in platforms.default_names():  # the project's own platforms: written out in full;
+            settings = platforms.get(name).settings  # a plug-in's only where set (``of`` has its defaults)
+            if settings is not None and name not in out:
+                out[name] = settings()
         return out
 
     def of(self, platform: str) -> Any:

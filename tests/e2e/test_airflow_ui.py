@@ -60,12 +60,14 @@ def test_dag_run_succeeds_through_the_rest_api(e2e_results):
     print(f"dag run {run['run_id']}: {run['seconds']} s; timings {e2e_results['timings']}")
 
 
-def test_killed_training_is_retried_by_airflow_and_resumes(e2e_results):
+def test_killed_training_is_retried_and_resumes(e2e_results):
     run = e2e_results["dag_run"]
     assert run["killed_training"]["killed_pids"], "no training process was found to kill"
     tries = [t for t in run["train_tries"] if t["state"] == "success"]
-    # two repeats ran as two mapped instances; the held one (r0) was killed and retried
-    assert sorted(t["try_number"] for t in tries) == [1, 2], run["train_tries"]
+    # two repeats ran as two mapped instances; the held one (r0) was killed and retried inside its
+    # task by pipelines.stages.train_cell (matrix.cell_retries: the CLI's policy too), so every task
+    # instance succeeded on Airflow's first try
+    assert sorted(t["try_number"] for t in tries) == [1, 1], run["train_tries"]
     cell = run["cell_result"]
     assert cell["status"] == "ok" and cell["resumed_from_epoch"] == 1  # not from zero
     assert [e["epoch"] for e in cell["epochs"]] == [1, 2]

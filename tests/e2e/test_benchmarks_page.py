@@ -61,8 +61,8 @@ def test_trends_charts_hold_every_cell_with_band_alarm_and_failed_markers(page):
     assert total["bands"] == 2 * 6  # lower + upper edge per cell
     assert total["alarms"] == ["ddp-w1", "ddp-w2"] and total["failed"] == ["spark-w2"]
     assert charts["test_accuracy"]["bands"] == 12 and charts["test_accuracy"]["alarms"] == []
-    assert [line["label"] for line in charts["overhead_vs_ddp_total"]["lines"]] == [
-        "determined, 1 worker", "determined, 2 workers", "spark, 1 worker", "spark, 2 workers"]
+    assert [line["label"] for line in charts["overhead_vs_ddp_total"]["lines"]] == [  # the platforms' order
+        "spark, 1 worker", "spark, 2 workers", "determined, 1 worker", "determined, 2 workers"]
     assert all(c["drawn"] > 20_000 for c in charts.values())  # canvases hold a drawing, not blank
     assert page["js_errors"] == []
     assert page["trends_load_s"] < 3  # navigation until all four charts are drawn

@@ -79,7 +79,7 @@ def output_root(run_id: str) -> Path:
 
 
 def kill_training_after_epoch_1(run_id: str, timeout: float) -> dict:
-    """SIGKILL the training processes once the epoch-1 checkpoint exists (Airflow must retry).
+    """SIGKILL the training processes once the epoch-1 checkpoint exists (the cell is retried).
 
     The e2e arms tests.fault_injection (hold after epoch 1), so rank 0 stalls right after that checkpoint
     and the kill lands at a known point; the retry resumes at epoch 2 and does not stall.
@@ -208,7 +208,7 @@ def main() -> int:
     parser.add_argument("--conf", required=True, help="JSON conf of the dag run")
     parser.add_argument("--run-timeout", type=float, default=420)
     parser.add_argument("--kill-training", action="store_true",
-                        help="SIGKILL training after epoch 1 and expect Airflow's retry to resume")
+                        help="SIGKILL training after epoch 1 and expect the cell retry to resume")
     args = parser.parse_args()
     args.artifacts.mkdir(parents=True, exist_ok=True)
     base = f"http://127.0.0.1:{os.environ.get('AIRFLOW__API__PORT', '8080')}"

@@ -1,0 +1,379 @@
+"""An emulated cluster on one machine: N "hosts" as network namespaces, shaped links, cgroups.
+
+Why: every benchmark cell ran on one host over loopback, where the network costs nothing. Here
+each host is a Linux network namespace ``bmc<pid>-<name>-h<k>`` with its own address on a
+private /24 (10.213.0.0/24, ``.1`` + k; every cluster has its own isolated switch, so clusters may
+reuse it), a cpuset cgroup (one core) and a memory cgroup (optional limit). The hosts' ``eth0``
+veths meet on a Linux bridge that lives in a dedicated switch namespace ``bmc<pid>-<name>-sw``:
+the root namespace gets no cluster address, no cluster link and no route, so it cannot reach the
+hosts and the hosts cannot reach anything beyond each other (this workplace's network policy).
+
+Shaping is ``tc tbf`` on both ends of every host link (host egress on ``eth0``, host ingress on
+the switch-side port's egress): ``burst`` = max(64 KiB, 1 ms at the rate) so a whole GSO/TSO
+super-packet (at most 64 KiB) fits in the bucket and fast rates are not capped by timer
+granularity; ``latency 50ms`` bounds the queue to about rate x 50 ms, so TCP sees drops instead
+of an unbounded buffer. This kernel has no ``netem``: bandwidth can be limited, delay can not.
+
+Why not Mininet: it needs Open vSwitch (or its reference controller) and its ``mnexec`` helper
+built from source; the PyPI ``mininet`` is a 2020 2.3.0.dev6 without those. Driving ``ip``/``tc``
+directly needs only iproute2 (scripts/system_deps.sh) and is a few dozen commands.
+
+Ownership: names carry the owner's PID, so :func:`sweep` (run by every ``start()``) removes what a
+dead (e.g. SIGKILLed) owner left behind and never touches a live owner's cluster (by hand:
+``python -c "from pipelines.cluster import sweep; print(sweep())"``). A PID reused by an unrelated
+process keeps a dead owner's leftovers until that process exits too. Cgroups are made
+under the owner's own cgroup of each controller, so a host's processes stay inside whatever
+accounting and limits the owner already lives under.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Self
+
+import psutil
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+CONTROLLERS = ("cpuset", "memory")
+SUBNET = "10.213.0"  # /24; only ever configured inside this code's own namespaces
+OWNER_PATTERN = r"^bmc(\d+)-"  # group 1: the owner's PID
+_NAME = re.compile(r"^[a-z0-9_]{1,16}$")
+_RATE = re.compile(r"^(\d+(?:\.\d+)?)(mbit|gbit)$")
+_ALLOWED = ("'unshaped', '10gbit', '1gbit', '100mbit', or a rate '<number>mbit' / '<number>gbit' "
+            "(e.g. '250mbit', '2gbit')")
+# Runs inside the child before the real program: join the cgroups, then exec (same PID throughout:
+# sh execs ip, ip execs the program), so nothing of the program ever runs outside its host.
+_JOIN_AND_EXEC = ('n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 125; shift; '
+                  'n=$((n-1)); done; exec "$@"')
+
+
+@dataclass(frozen=True)
+class NetworkSpec:
+    """A host link's bandwidth: ``bits_per_second`` None means unshaped (veth speed)."""
+
+    text: str
+    bits_per_second: int | None
+
+    @classmethod
+    def parse(cls, value: str | NetworkSpec) -> NetworkSpec:
+        if isinstance(value, NetworkSpec):
+            return value
+        text = str(value).strip().lower()
+        if text == "unshaped":
+            return cls(text, None)
+        match = _RATE.match(text)
+        if not match or float(match.group(1)) <= 0:
+            raise ValueError(f"network must be {_ALLOWED}; got {value!r}")
+        scale = 10**6 if match.group(2) == "mbit" else 10**9
+        return cls(text, round(float(match.group(1)) * scale))
+
+    def tbf_args(self) -> list[str]:
+        """``tc ... tbf`` parameters for this rate (see the module docstring for why these)."""
+        if self.bits_per_second is None:
+            return []
+        burst = max(64 * 1024, self.bits_per_second // 8 // 1000)
+        return ["rate", f"{self.bits_per_second}bit", "burst", str(burst), "latency", "50ms"]
+
+
+def _cmd(argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if check and done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed ({done.returncode}): {done.stderr.strip()}")
+    return done
+
+
+def _own_cgroup(controller: str) -> Path:
+    """This process's cgroup directory of a v1 controller (where new host cgroups go)."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, names, path = line.split(":", 2)
+        if controller in names.split(","):
+            return CGROUP_ROOT / controller / path.lstrip("/")
+    return CGROUP_ROOT / controller
+
+
+def parse_cpu_list(text: str) -> list[int]:
+    """``'0-2,5'`` -> ``[0, 1, 2, 5]`` (the kernel's cpu/mem list format)."""
+    cpus: list[int] = []
+    for part in filter(None, text.strip().split(",")):
+        low, _, high = part.partition("-")
+        cpus.extend(range(int(low), int(high or low) + 1))
+    return cpus
+
+
+def owner_pid(name: str, pattern: str = OWNER_PATTERN) -> int | None:
+    match = re.match(pattern, name)
+    return int(match.group(1)) if match else None
+
+
+def list_netns() -> list[str]:
+    out = _cmd(["ip", "netns", "list"], check=False).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def find_cgroups(pattern: str = OWNER_PATTERN, max_depth: int = 4) -> list[Path]:
+    """Cgroup directories (cpuset and memory, any depth up to max_depth) whose name matches."""
+    found: list[Path] = []
+    for controller in CONTROLLERS:
+        top = CGROUP_ROOT / controller
+        for dirpath, dirnames, _ in os.walk(top):
+            depth = len(Path(dirpath).relative_to(top).parts)
+            matched = [d for d in dirnames if re.match(pattern, d)]
+            found.extend(Path(dirpath) / d for d in matched)
+            dirnames[:] = [] if depth >= max_depth else [d for d in dirnames if d not in matched]
+    return found
+
+
+def _cgroup_pids(path: Path) -> list[int]:
+    try:
+        return [int(p) for p in (path / "cgroup.procs").read_text().split()]
+    except (FileNotFoundError, ValueError):
+        return []
+
+
+def _netns_pids(netns: str) -> list[int]:
+    out = _cmd(["ip", "netns", "pids", netns], check=False).stdout
+    return [int(p) for p in out.split() if p.isdigit()]
+
+
+def kill_pids(pids: list[int], grace_s: float = 3.0) -> None:
+    """SIGTERM, wait up to grace_s, then SIGKILL whatever is left (never this process)."""
+    procs = []
+    for pid in set(pids) - {os.getpid()}:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    for signal_name in ("terminate", "kill"):
+        for proc in procs:
+            try:
+                getattr(proc, signal_name)()
+            except psutil.NoSuchProcess:
+                pass
+        _, procs = psutil.wait_procs(procs, timeout=grace_s)
+        if not procs:
+            return
+
+
+def remove_netns_and_cgroups(netns: list[str], cgroups: list[Path]) -> None:
+    """Kill every process in the namespaces and cgroups, then delete them (missing ones are fine)."""
+    pids = [p for ns in netns for p in _netns_pids(ns)] + [p for cg in cgroups for p in _cgroup_pids(cg)]
+    kill_pids(pids)
+    for ns in netns:
+        _cmd(["ip", "netns", "del", ns], check=False)
+    for cgroup in cgroups:
+        for _ in range(50):  # rmdir fails (EBUSY) while an exiting task is still charged
+            try:
+                cgroup.rmdir()
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                kill_pids(_cgroup_pids(cgroup), grace_s=0.1)
+                time.sleep(0.1)
+
+
+def sweep(prefix_pattern: str = OWNER_PATTERN) -> list[str]:
+    """Remove namespaces and cgroups whose owner PID (pattern group 1) is dead; return their names."""
+    dead_ns = [ns for ns in list_netns() if _is_dead(owner_pid(ns, prefix_pattern))]
+    dead_cg = [cg for cg in find_cgroups(prefix_pattern) if _is_dead(owner_pid(cg.name, prefix_pattern))]
+    remove_netns_and_cgroups(dead_ns, dead_cg)
+    return dead_ns + [str(cg) for cg in dead_cg]
+
+
+def _is_dead(pid: int | None) -> bool:
+    return pid is not None and not psutil.pid_exists(pid)
+
+
+class EmulatedHost:
+    """One host of a cluster: its namespace, address, core and cgroups."""
+
+    def __init__(self, cluster: EmulatedCluster, index: int, core: int):
+        self.index = index
+        self.name = f"h{index}"
+        self.netns = f"{cluster.prefix}-{self.name}"
+        self.address = f"{SUBNET}.{index + 1}"
+        self.core = core
+        self.cgroups = [cluster.cgroup_parents[c] / self.netns for c in CONTROLLERS]
+        self._cluster = cluster
+
+    def run(self, argv: list[str], env: dict | None = None, **popen_kwargs) -> subprocess.Popen:
+        """Start argv inside this host: it joins the cgroups, then execs in the namespace."""
+        procs_files = [str(cg / "cgroup.procs") for cg in self.cgroups]
+        wrapped = ["/bin/sh", "-c", _JOIN_AND_EXEC, "sh", str(len(procs_files)), *procs_files,
+                   self._cluster.ip_binary, "netns", "exec", self.netns, *map(str, argv)]
+        proc = subprocess.Popen(wrapped, env=env, **popen_kwargs)
+        self._cluster.processes.append(proc)
+        return proc
+
+    def link_bytes(self) -> tuple[int, int]:
+        """(tx_bytes, rx_bytes) of this host's eth0, from the kernel's interface counters."""
+        out = _cmd(["ip", "-n", self.netns, "-s", "-j", "link", "show", "eth0"]).stdout
+        stats = json.loads(out)[0]["stats64"]
+        return int(stats["tx"]["bytes"]), int(stats["rx"]["bytes"])
+
+    def __repr__(self) -> str:
+        return f"EmulatedHost({self.netns}, {self.address}, core {self.core})"
+
+
+class EmulatedCluster:
+    """N hosts on one shaped switch; a context manager (``start()`` on enter, ``stop()`` on exit)."""
+
+    def __init__(self, name: str, hosts: int = 2, cores_per_host: int = 1,
+                 memory_mb: int | None = None, network: str | NetworkSpec = "1gbit"):
+        if not _NAME.match(name):
+            raise ValueError(f"cluster name must match {_NAME.pattern}; got {name!r}")
+        if not 1 <= hosts <= 200:
+            raise ValueError(f"hosts must be 1..200; got {hosts}")
+        if cores_per_host != 1:
+            raise ValueError("cores_per_host: only 1 is supported (a host is pinned to one core)")
+        if memory_mb is not None and memory_mb <= 0:
+            raise ValueError(f"memory_mb must be positive; got {memory_mb}")
+        self.name, self.n_hosts, self.memory_mb = name, hosts, memory_mb
+        self.network = NetworkSpec.parse(network)
+        self.prefix = f"bmc{os.getpid()}-{name}"
+        self.switch_netns = f"{self.prefix}-sw"
+        self.hosts: list[EmulatedHost] = []
+        self.processes: list[subprocess.Popen] = []
+        self.cgroup_parents = {c: _own_cgroup(c) for c in CONTROLLERS}
+        self.ip_binary = shutil.which("ip") or "ip"
+        self.started = False
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> Self:
+        """Sweep dead owners' leftovers, then build switch, hosts, links and cgroups."""
+        if shutil.which("ip") is None or shutil.which("tc") is None:
+            raise RuntimeError("ip/tc not found: install iproute2 (scripts/system_deps.sh)")
+        sweep()
+        if any(ns == self.switch_netns or ns.startswith(self.prefix + "-h") for ns in list_netns()):
+            raise RuntimeError(f"cluster {self.prefix} already exists in this process")
+        cores = parse_cpu_list((self.cgroup_parents["cpuset"] / "cpuset.effective_cpus").read_text())
+        mems = parse_cpu_list((self.cgroup_parents["cpuset"] / "cpuset.effective_mems").read_text())
+        self.hosts = [EmulatedHost(self, k, cores[k % len(cores)]) for k in range(self.n_hosts)]
+        self.started = True  # from here on stop() has something to undo
+        try:
+            self._make_switch()
+            for host in self.hosts:
+                self._make_link(host)
+                self._make_cgroups(host, mems[0])
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _make_switch(self) -> None:
+        sw = self.switch_netns
+        _cmd(["ip", "netns", "add", sw])
+        _cmd(["ip", "-n", sw, "link", "set", "lo", "up"])
+        _cmd(["ip", "-n", sw, "link", "add", "br0", "type", "bridge", "stp_state", "0"])
+        _cmd(["ip", "-n", sw, "link", "set", "br0", "up"])
+
+    def _make_link(self, host: EmulatedHost) -> None:
+        """Host netns + veth: ``eth0`` in the host, ``p<k>`` on the bridge; tbf on both ends."""
+        sw, ns, port = self.switch_netns, host.netns, f"p{host.index}"
+        _cmd(["ip", "netns", "add", ns])
+        _cmd(["ip", "-n", ns, "link", "set", "lo", "up"])
+        # Both ends are created directly in their namespaces: nothing ever sits in the root one.
+        _cmd(["ip", "link", "add", "eth0", "netns", ns, "type", "veth", "peer", "name", port, "netns", sw])
+        _cmd(["ip", "-n", sw, "link", "set", port, "master", "br0"])
+        _cmd(["ip", "-n", sw, "link", "set", port, "up"])
+        _cmd(["ip", "-n", ns, "addr", "add", f"{host.address}/24", "dev", "eth0"])
+        _cmd(["ip", "-n", ns, "link", "set", "eth0", "up"])
+        tbf = self.network.tbf_args()
+        if tbf:
+            _cmd(["tc", "-n", ns, "qdisc", "replace", "dev", "eth0", "root", "tbf", *tbf])
+            _cmd(["tc", "-n", sw, "qdisc", "replace", "dev", port, "root", "tbf", *tbf])
+
+    def _make_cgroups(self, host: EmulatedHost, mem_node: int) -> None:
+        cpuset, memory = host.cgroups
+        for path in host.cgroups:
+            path.mkdir()
+        (cpuset / "cpuset.cpus").write_text(str(host.core))
+        (cpuset / "cpuset.mems").write_text(str(mem_node))
+        if self.memory_mb is not None:
+            limit = str(self.memory_mb * 1024 * 1024)
+            (memory / "memory.limit_in_bytes").write_text(limit)
+            memsw = memory / "memory.memsw.limit_in_bytes"  # present with swap accounting:
+            if memsw.exists():  # without it a host could swap instead of hitting its limit
+                memsw.write_text(limit)
+
+    def stop(self) -> None:
+        """Kill the hosts' processes, delete namespaces (and so the veths) and cgroups; idempotent."""
+        if not self.started:
+            return
+        names = [self.switch_netns] + [h.netns for h in self.hosts]
+        remove_netns_and_cgroups(names, [cg for h in self.hosts for cg in h.cgroups])
+        for proc in self.processes:  # reap what we started so no zombies stay behind
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        self.processes.clear()
+        self.started = False
+
+
+_SERVER = """
+import json, socket, sys, time
+srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind((sys.argv[1], int(sys.argv[2]))); srv.listen(1); print("ready", flush=True)
+conn, _ = srv.accept(); n = 0
+while chunk := conn.recv(1 << 20):
+    n += len(chunk)
+print(json.dumps({"bytes": n, "end": time.monotonic()}), flush=True)
+"""
+_CLIENT = """
+import json, socket, sys, time
+addr, port, nbytes = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+for _ in range(100):
+    try:
+        sock = socket.create_connection((addr, port), timeout=30); break
+    except OSError:
+        time.sleep(0.05)
+start = time.monotonic(); block = b"x" * (1 << 20); left = nbytes
+while left > 0:
+    sock.sendall(block[:left]); left -= len(block)
+sock.shutdown(socket.SHUT_WR); sock.recv(1); sock.close()
+print(json.dumps({"start": start}), flush=True)
+"""
+
+
+def measure_throughput(src: EmulatedHost, dst: EmulatedHost, nbytes: int, port: int = 5201,
+                       python: str | None = None, timeout_s: float = 120.0) -> dict:
+    """TCP-push nbytes from src to dst; bits/s from the sender's first byte to the receiver's EOF.
+
+    Both ends read CLOCK_MONOTONIC, which is system-wide, so the two processes' times compare.
+    """
+    python = python or sys.executable
+    server = dst.run([python, "-c", _SERVER, dst.address, str(port)], stdout=subprocess.PIPE, text=True)
+    client = None
+    try:
+        if server.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"throughput server in {dst.netns} did not start")
+        client = src.run([python, "-c", _CLIENT, dst.address, str(port), str(nbytes)],
+                         stdout=subprocess.PIPE, text=True)
+        client_out, _ = client.communicate(timeout=timeout_s)
+        server_out, _ = server.communicate(timeout=timeout_s)
+    finally:
+        for proc in (server, client):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    if client.returncode != 0 or server.returncode != 0:
+        raise RuntimeError(f"throughput run failed: client rc {client.returncode}, "
+                           f"server rc {server.returncode}")
+    received = json.loads(server_out)["bytes"]
+    seconds = json.loads(server_out)["end"] - json.loads(client_out)["start"]
+    return {"bytes": received, "seconds": seconds, "bits_per_second": received * 8 / seconds}
+
