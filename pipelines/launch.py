@@ -10,6 +10,13 @@ One node (default): ``--standalone --nproc-per-node <workers>``. Several nodes
 (``ddp_nnodes`` > 1): torchrun's *static* rendezvous at ``ddp_rdzv_endpoint``, so global
 rank = node_rank * nproc_per_node + local_rank and rank 0 always runs on node 0.
 
+Several hosts driven from here (``TrainingBackend.launch_on_hosts``, e.g. the hosts of
+``pipelines.cluster.EmulatedCluster``): ``host_torchrun_commands`` builds one torchrun per host
+(node rank = host index, the static rendezvous on host 0), ``host_placements`` says which host
+each global rank runs on, ``host_env`` pins gloo to the hosts' interface, and
+``execute_on_hosts`` starts them all, tees each node's output to its own log and takes the
+others down when one fails.
+
 ``gpu_count`` / ``has_gpus`` probe the host's GPUs with nvidia-smi (no torch import: adapters
 and preflight stay cheap).
 """
@@ -21,14 +28,18 @@ import logging
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping
+import threading
+import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from pipelines.config import BenchmarkConfig
 
 log = logging.getLogger(__name__)
 WORKER_MODULE = "pipelines.training.worker"
 TAIL_LINES = 40  # of the launcher's output, in the error when it fails
+HOST_IFNAME = "eth0"  # the interface of a launch host (EmulatedHost: its veth to the switch)
 
 
 def gpu_count() -> int:
@@ -116,3 +127,135 @@ def execute(cmd: list[str], env: Mapping[str, str], log_path: Path, cwd: Path | 
     if proc.returncode != 0:
         raise RuntimeError(f"torchrun exited with {proc.returncode} (full log: {log_path}); "
                            f"last lines:\n{''.join(tail)}")
+
+
+def host_config(config: BenchmarkConfig, hosts: Sequence[Any], node_rank: int, port: int) -> BenchmarkConfig:
+    """``config`` as node ``node_rank`` of ``hosts`` sees it: ``engines.ddp`` nnodes = the host
+    count, its node rank, the rendezvous at ``hosts[0].address:port``."""
+    return config.model_copy(update={"engines.ddp.nnodes": len(hosts), "engines.ddp.node_rank": node_rank,
+                                     "engines.ddp.rdzv_endpoint": f"{hosts[0].address}:{port}"})
+
+
+def host_nproc(world_size: int, n_hosts: int) -> int:
+    """Processes per host: the cell's world size split evenly over the hosts."""
+    if n_hosts < 1 or world_size < 1 or world_size % n_hosts:
+        raise ValueError(f"workers={world_size} cannot be split evenly over {n_hosts} host(s): workers is the "
+                         "total number of processes across all hosts and must be a positive multiple of the "
+                         "host count")
+    return world_size // n_hosts
+
+
+def host_torchrun_commands(config: BenchmarkConfig, world_size: int, cell_dir: Path, launch_time: float,
+                           hosts: Sequence[Any], port: int, module: str = WORKER_MODULE,
+                           python: str = sys.executable) -> list[list[str]]:
+    """One torchrun command line per host (index = node rank), static rendezvous on host 0."""
+    host_nproc(world_size, len(hosts))
+    return [worker_command(host_config(config, hosts, k, port), world_size, cell_dir, launch_time,
+                           module=module, python=python) for k in range(len(hosts))]
+
+
+def host_placements(world_size: int, hosts: Sequence[Any]) -> list[dict]:
+    """Which host each global rank runs on under the static rendezvous
+    (rank = node_rank * nproc_per_node + local_rank, node rank = host index)."""
+    per_host = host_nproc(world_size, len(hosts))
+    return [{"rank": k * per_host + local, "host": host.name, "address": host.address}
+            for k, host in enumerate(hosts) for local in range(per_host)]
+
+
+def host_env(config: BenchmarkConfig, base: Mapping[str, str], local_processes: int,
+             gpus: int | None = None, ifname: str = HOST_IFNAME) -> dict[str, str]:
+    """``launch_env`` plus gloo (and TensorPipe) bound to the host's network interface: left to
+    itself gloo picks the interface the host name resolves to, which a launch host may not reach."""
+    env = launch_env(config, base, local_processes, gpus=gpus)
+    env["GLOO_SOCKET_IFNAME"] = ifname
+    env["TP_SOCKET_IFNAME"] = ifname
+    env["NCCL_SOCKET_IFNAME"] = ifname  # NCCL's bootstrap, should the hosts have GPUs
+    return env
+
+
+_FREE_PORT = ("import socket, sys; s = socket.socket(); s.bind((sys.argv[1], 0)); "
+              "print(s.getsockname()[1]); s.close()")
+
+
+def free_port_on(host: Any, python: str = sys.executable, timeout_s: float = 30.0) -> int:
+    """A TCP port free on ``host`` right now (its own kernel picks it, inside its namespace)."""
+    proc = host.run([python, "-c", _FREE_PORT, host.address], stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    out, err = proc.communicate(timeout=timeout_s)
+    if proc.returncode != 0:
+        raise RuntimeError(f"could not find a free port on {host.name}: {err.strip()}")
+    return int(out.strip())
+
+
+def _stop_tree(procs: Sequence[subprocess.Popen], grace_s: float = 10.0) -> None:
+    """SIGTERM each launcher (torchrun takes its ranks down), then SIGKILL what is left of the trees."""
+    import psutil
+
+    trees = []
+    for proc in procs:
+        if proc.poll() is not None:
+            continue
+        try:
+            parent = psutil.Process(proc.pid)
+            trees += [parent, *parent.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            pass
+        proc.terminate()
+    _, alive = psutil.wait_procs(trees, timeout=grace_s)
+    for leftover in alive:
+        try:
+            leftover.kill()
+        except psutil.NoSuchProcess:
+            pass
+    for proc in procs:
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def execute_on_hosts(cmds: Sequence[list[str]], env: Mapping[str, str], hosts: Sequence[Any],
+                     log_paths: Sequence[Path], poll_s: float = 0.1) -> None:
+    """Run ``cmds[k]`` on ``hosts[k]`` at once, tee each one's output to ``log_paths[k]``; when one
+    exits non-zero, stop the others and raise with its tail (as ``execute`` does for one)."""
+    if not len(cmds) == len(hosts) == len(log_paths):
+        raise ValueError("execute_on_hosts: one command and one log per host")
+    echo = threading.Lock()
+    tails = [collections.deque(maxlen=TAIL_LINES) for _ in hosts]
+
+    def tee(proc: subprocess.Popen, log_path: Path, tail: collections.deque, label: str) -> None:
+        with open(log_path, "a") as log_file:
+            for line in proc.stdout:  # type: ignore[union-attr]
+                log_file.write(line)
+                log_file.flush()
+                tail.append(line)
+                with echo:
+                    sys.stdout.write(f"[{label}] {line}")
+
+    procs: list[subprocess.Popen] = []
+    threads: list[threading.Thread] = []
+    try:
+        for cmd, host, log_path, tail in zip(cmds, hosts, log_paths, tails):
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            log.info("launching on %s (%s): %s", host.name, host.address, " ".join(cmd))
+            proc = host.run(cmd, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, text=True)
+            procs.append(proc)
+            thread = threading.Thread(target=tee, args=(proc, log_path, tail, host.name), daemon=True)
+            thread.start()
+            threads.append(thread)
+        failed = None
+        while failed is None and any(p.poll() is None for p in procs):
+            failed = next((k for k, p in enumerate(procs) if p.poll() not in (None, 0)), None)
+            if failed is None:
+                time.sleep(poll_s)
+        if failed is None:  # all exited: the first non-zero, if any
+            failed = next((k for k, p in enumerate(procs) if p.returncode != 0), None)
+    finally:
+        _stop_tree(procs)  # nothing when all exited; on failure or interruption: the others
+        for thread in threads:
+            thread.join(10)
+    if failed is not None:
+        raise RuntimeError(f"torchrun on {hosts[failed].name} (node {failed}) exited with "
+                           f"{procs[failed].returncode} (full log: {log_paths[failed]}); the other node(s) "
+                           f"were stopped; last lines:\n{''.join(tails[failed])}")

@@ -79,6 +79,14 @@ class CellPaths:
         return self.root / "attempts.json"
 
     @property
+    def placements(self) -> Path:  # across hosts: which host each rank ran on
+        return self.root / "placements.json"
+
+    @property
+    def link_bytes(self) -> Path:  # across hosts: bytes each host's interface moved during the launch
+        return self.root / "link_bytes.json"
+
+    @property
     def heartbeat(self) -> Path:  # touched by rank 0 while training: a killed attempt's end
         return self.root / "heartbeat"
 

@@ -139,6 +139,8 @@ class CellResult(BaseModel):
     # spark "local" (torchrun on the driver) / "cluster" (barrier tasks on executors);
     # determined "local" (Trainer in-process) / "master" (experiment on a Determined master)
     platform_mode: str | None = None
+    # across hosts (TrainingBackend.launch_on_hosts): the bytes each host's link moved meanwhile
+    link_bytes: dict[str, dict[str, int]] | None = None
     # how the training rows reached the ranks (TrainingBackend.data_feed): "files" (each rank reads
     # the token shards) or "dataframe" (spark_dataframe: the DataFrame's partitions, through Spark)
     data_feed: str | None = None

@@ -34,7 +34,7 @@ def get_backend(backend: str) -> "TrainingBackend":
 
 
 def run_cell(config: BenchmarkConfig, paths: RunPaths, backend: Backend, workers: int,
-             repeat: int = 0, strategy: str = DEFAULT_STRATEGY) -> CellResult:
+             repeat: int = 0, strategy: str = DEFAULT_STRATEGY, hosts: list | None = None) -> CellResult:
     """Train one cell; always leaves a result.json (ok or failed) in the cell folder.
 
     ``strategy`` names one of ``config.matrix.strategies``; a strategy the backend cannot run at this
@@ -43,7 +43,7 @@ def run_cell(config: BenchmarkConfig, paths: RunPaths, backend: Backend, workers
     cell = paths.cell(backend, workers, repeat, strategy)
     try:
         return get_backend(backend).run(config, workers, paths=paths, cell=cell, repeat=repeat,
-                                        strategy=strategy)
+                                        strategy=strategy, hosts=hosts)
     except BaseException as err:  # KeyboardInterrupt / task kill too: record why, then re-raise
         reason = f"{type(err).__name__}: {err}".strip()
         log.error("cell %s failed: %s\n%s", cell.name, reason, traceback.format_exc())

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+import subprocess
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 from pydantic import BaseModel
 
@@ -45,13 +45,14 @@ class UnsupportedStrategy(ValueError):
     """A training strategy this backend cannot run (or that does not apply at this worker count)."""
 
 
-@dataclass(frozen=True)
-class Host:
-    """One machine a cell's ranks may run on (``TrainingBackend.launch_on_hosts``)."""
+class Host(Protocol):
+    """One machine a cell's ranks may run on (``TrainingBackend.launch_on_hosts``): e.g. a host
+    of ``pipelines.cluster.EmulatedCluster``; ``run`` starts a process there."""
 
     name: str
     address: str
-    slots: int = 1
+
+    def run(self, argv: list[str], env: dict[str, str] | None = None, **popen_kwargs) -> subprocess.Popen: ...
 
 
 class TrainingBackend(ABC):
@@ -136,7 +137,9 @@ class TrainingBackend(ABC):
                         labels=task_labels(read_manifest(paths)), platform_modules=platform_modules(cell_config))
 
     def run(self, config: BenchmarkConfig, world_size: int, *, paths: RunPaths,
-            cell: CellPaths | None = None, repeat: int = 0, strategy: str | None = None) -> CellResult:
+            cell: CellPaths | None = None, repeat: int = 0, strategy: str | None = None,
+            hosts: list[Host] | None = None) -> CellResult:
+        """Train the cell; ``hosts``: across these machines (``launch_on_hosts``), else on this one."""
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         strategy = strategy or config.matrix.strategies[0].name
@@ -150,7 +153,10 @@ class TrainingBackend(ABC):
                 cell.worker_result.unlink(missing_ok=True)  # never mistake a previous attempt's file
                 log.info("%s: training %s on %d worker(s) (attempt %d)", self.name, cell.name, world_size,
                          attempt.attempt)
-                self.launch(spec, launch_time)
+                if hosts:
+                    self.launch_on_hosts(spec, launch_time, hosts)
+                else:
+                    self.launch(spec, launch_time)
                 if not cell.worker_result.exists():
                     raise RuntimeError(f"{self.name}: the launcher returned but rank 0 wrote no "
                                        f"{cell.worker_result}; see the launcher output / {cell.log}")
@@ -168,7 +174,7 @@ class TrainingBackend(ABC):
             **spec.config.strategy().result_fields(),
             "timed_window": TimedWindow(start=launch_time, end=history[-1].end, lock_wait_seconds=waited),
             "versions": {**result.versions, **self.versions()}, "data_feed": self.data_feed,
-            **self.platform_fields(spec),
+            **self.platform_fields(spec), **_host_records(cell),
         })
         result.write(cell.result)
         tensorboard.write_events(result, cell)  # after the timed window: costs no cell any time
@@ -189,3 +195,17 @@ class TrainingBackend(ABC):
         """Backend-specific CellResult fields: ``platform_mode`` (how the platform ran, so a local
         mode is never read as a cluster's overhead) and e.g. how Spark's session was started."""
         return {}
+
+
+def _host_records(cell: CellPaths) -> dict:
+    """What a multi-host launch left in the cell folder: each rank's host (its ``placements``,
+    "<host> <address>" by rank) and the bytes each host's link moved. None on one host."""
+    import json
+
+    out: dict = {}
+    if cell.placements.exists():
+        ranks = sorted(json.loads(cell.placements.read_text()), key=lambda p: p["rank"])
+        out["placements"] = [f"{p['host']} {p['address']}" for p in ranks]
+    if cell.link_bytes.exists():
+        out["link_bytes"] = json.loads(cell.link_bytes.read_text())
+    return out

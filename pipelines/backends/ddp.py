@@ -23,6 +23,16 @@ result, so every node's ``run_cell`` returns the same record. Should a node > 0 
 ``run_cell`` records the failure in ``result.json`` as for any cell; node 0 finishing later
 writes its own result over it.
 
+Several hosts driven from this process (``run_cell(..., hosts=cluster.hosts)``, e.g. the hosts of
+``pipelines.cluster.EmulatedCluster``): ``launch_on_hosts`` starts one torchrun per host
+(``host.run``) with node rank = host index, the static rendezvous on ``host0.address:<free
+port>`` and ``workers / len(hosts)`` processes each; gloo is bound to the hosts' ``eth0``. Node
+0 logs to ``train.log``, node k to ``train-node<k>.log``; one node failing stops the others.
+The config keeps ``engines.ddp.nnodes = 1`` (this process is every node's driver); the result
+says ``platform_mode = torchrun-<k>-nodes``. Beside it the cell gets ``placements.json`` (rank ->
+host, from the static rendezvous) and ``link_bytes.json`` (bytes each host's interface sent and
+received during the launch).
+
 The command, environment and execution come from ``pipelines.launch`` (torchrun's command
 line, the ranks' environment, teeing the output to ``<cell>/train.log``), which the
 Determined backend uses too with its own entry module.
@@ -40,7 +50,9 @@ from pydantic import BaseModel, ConfigDict
 from pipelines.backends.base import TrainingBackend
 from pipelines.cell import CellSpec
 from pipelines.config import Backend, BenchmarkConfig, deployment
-from pipelines.launch import execute, launch_env, nproc_per_node, worker_command
+from pipelines.fileio import atomic_write_json
+from pipelines.launch import (execute, execute_on_hosts, free_port_on, host_env, host_nproc, host_placements,
+                              host_torchrun_commands, launch_env, nproc_per_node, worker_command)
 from pipelines.paths import CellPaths, RunPaths
 from pipelines.results import CellResult
 
@@ -89,15 +101,39 @@ class DDPBackend(TrainingBackend):
     settings = DDPSettings
 
     def run(self, config: BenchmarkConfig, world_size: int, *, paths: RunPaths,
-            cell: CellPaths | None = None, repeat: int = 0, strategy: str | None = None) -> CellResult:
-        nproc_per_node(config, world_size)  # refuse a bad split before anything is written
+            cell: CellPaths | None = None, repeat: int = 0, strategy: str | None = None,
+            hosts: list | None = None) -> CellResult:
         strategy = strategy or config.matrix.strategies[0].name
         cell = cell or paths.cell(self.name, world_size, repeat, strategy)
+        if hosts:
+            return self._run_on_hosts(config, world_size, paths, cell, repeat, strategy, list(hosts))
+        nproc_per_node(config, world_size)  # refuse a bad split before anything is written
         # every node: missing inputs and unsupported strategies fail before the rendezvous
         self.spec(config, world_size, paths, cell, repeat, strategy)
         if config.engine("ddp").node_rank == 0:
             return super().run(config, world_size, paths=paths, cell=cell, repeat=repeat, strategy=strategy)
         return self._run_secondary_node(config, world_size, cell)
+
+    def _run_on_hosts(self, config: BenchmarkConfig, world_size: int, paths: RunPaths, cell: CellPaths,
+                      repeat: int, strategy: str, hosts: list) -> CellResult:
+        """Every node from here (``launch_on_hosts``): refuse what cannot work before anything is written."""
+        ddp = config.engine("ddp")
+        if ddp.nnodes != 1 or ddp.node_rank != 0 or ddp.rdzv_endpoint:
+            raise ValueError(f"ddp: hosts= drives every node from this process; leave engines.ddp as one node "
+                             f"(got nnodes={ddp.nnodes}, node_rank={ddp.node_rank}, "
+                             f"rdzv_endpoint={ddp.rdzv_endpoint!r})")
+        host_nproc(world_size, len(hosts))  # a bad split
+        try:
+            return super().run(config, world_size, paths=paths, cell=cell, repeat=repeat, strategy=strategy,
+                               hosts=hosts)
+        finally:
+            self._nodes_by_cell().pop(cell.root, None)
+
+    def _nodes_by_cell(self) -> dict[Path, int]:
+        """Cell folder -> hosts its launch used (``platform_fields`` reads it; spec.config says 1 node)."""
+        if not hasattr(self, "_hosts_used"):
+            self._hosts_used: dict[Path, int] = {}
+        return self._hosts_used
 
     def _run_secondary_node(self, config: BenchmarkConfig, world_size: int, cell: CellPaths) -> CellResult:
         """Node k > 0: start this node's ranks, then return the result node 0 writes."""
@@ -121,9 +157,33 @@ class DDPBackend(TrainingBackend):
         env = launch_env(spec.config, os.environ, nproc_per_node(spec.config, spec.world_size))
         execute(cmd, env, spec.cell.log)
 
+    def launch_on_hosts(self, spec: CellSpec, launch_time: float, hosts: list) -> None:
+        """One torchrun per host (node rank = index), static rendezvous on host 0; writes the cell's
+        ``placements.json`` and ``link_bytes.json`` (what each host's interface moved meanwhile)."""
+        per_host = host_nproc(spec.world_size, len(hosts))
+        port = free_port_on(hosts[0])
+        cmds = host_torchrun_commands(spec.config, spec.world_size, spec.cell_dir, launch_time, hosts, port)
+        env = host_env(spec.config, os.environ, per_host)
+        logs = [spec.cell.log] + [spec.cell.node_log(k) for k in range(1, len(hosts))]
+        self._nodes_by_cell()[spec.cell_dir] = len(hosts)
+        before = {h.name: h.link_bytes() for h in hosts}
+        try:
+            execute_on_hosts(cmds, env, hosts, logs)
+        finally:
+            moved = {}
+            for h in hosts:
+                try:
+                    tx, rx = h.link_bytes()
+                except Exception as err:  # the host went away: say so, keep the cell's real error
+                    log.warning("ddp: link bytes of %s unreadable after the launch: %s", h.name, err)
+                    continue
+                moved[h.name] = {"tx": tx - before[h.name][0], "rx": rx - before[h.name][1]}
+            atomic_write_json(spec.cell.placements, host_placements(spec.world_size, hosts))
+            atomic_write_json(spec.cell.link_bytes, moved)
+
     def versions(self) -> dict[str, str]:
         return {"launcher": "torchrun"}
 
     def platform_fields(self, spec: CellSpec) -> dict:
-        nodes = spec.config.engine("ddp").nnodes
+        nodes = self._nodes_by_cell().get(spec.cell_dir) or spec.config.engine("ddp").nnodes
         return {"platform_mode": "torchrun" if nodes == 1 else f"torchrun-{nodes}-nodes"}
