@@ -48,12 +48,6 @@ def register(cls: Platform) -> Platform:
     return cls
 
 
-def unregister(name: str) -> None:
-    """Remove a platform (tests that register one of their own clean up with this)."""
-    _REGISTRY.pop(str(name), None)
-    _changed()
-
-
 def _changed() -> None:
     global _generation
     _generation += 1

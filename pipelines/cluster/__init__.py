@@ -10,6 +10,7 @@ from pipelines.cluster.emulated import (
     NetworkSpec,
     measure_throughput,
     sweep,
+    why_unavailable,
 )
 
-__all__ = ["EmulatedCluster", "EmulatedHost", "NetworkSpec", "measure_throughput", "sweep"]
+__all__ = ["EmulatedCluster", "EmulatedHost", "NetworkSpec", "measure_throughput", "sweep", "why_unavailable"]

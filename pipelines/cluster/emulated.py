@@ -83,6 +83,21 @@ class NetworkSpec:
         return ["rate", f"{self.bits_per_second}bit", "burst", str(burst), "latency", "50ms"]
 
 
+def why_unavailable() -> str | None:
+    """Why no emulated cluster can be built on this machine (not root, no iproute2, no
+    ``ip netns``), or None when one can."""
+    if os.geteuid() != 0:
+        return "needs root (network namespaces, tc, cgroups)"
+    if shutil.which("ip") is None or shutil.which("tc") is None:
+        return "iproute2 (ip, tc) not installed: scripts/system_deps.sh"
+    probe = f"bmcprobe{os.getpid()}"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True, check=False)
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True, check=False)
+    if made.returncode != 0:
+        return f"ip netns does not work here: {made.stderr.strip()}"
+    return None
+
+
 def _cmd(argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
     done = subprocess.run(argv, capture_output=True, text=True, check=False)
     if check and done.returncode != 0:

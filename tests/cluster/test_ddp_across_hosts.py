@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,23 +18,11 @@ import pytest
 import torch.distributed.run as torchrun
 
 from pipelines import launch
+from pipelines.cluster import why_unavailable
 from pipelines.paths import RunPaths
 from tests.token_shards import write_token_shards
 
 MB = 10**6
-
-
-def _why_no_netns() -> str | None:  # as tests/cluster/test_emulated.py
-    if os.geteuid() != 0:
-        return "needs root (network namespaces, tc, cgroups)"
-    if shutil.which("ip") is None or shutil.which("tc") is None:
-        return "iproute2 (ip, tc) not installed: scripts/system_deps.sh"
-    probe = f"bmcprobe{os.getpid()}"
-    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True, check=False)
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True, check=False)
-    if made.returncode != 0:
-        return f"ip netns does not work here: {made.stderr.strip()}"
-    return None
 
 
 def _config(tmp_path: Path, imdb_dir: Path, bert_tiny_dir: Path, **overrides):
@@ -88,7 +74,7 @@ def test_hosts_with_a_multi_node_config_or_a_bad_split_are_refused(tmp_path, imd
     assert CellResult.read(paths.cell("ddp", 2, 0).result).status == "failed"
 
 
-_NO_NETNS = _why_no_netns()
+_NO_NETNS = why_unavailable()
 
 
 @pytest.mark.slow

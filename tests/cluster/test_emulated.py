@@ -9,7 +9,6 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -18,27 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.cluster import EmulatedCluster, NetworkSpec, measure_throughput, sweep
+from pipelines.cluster import EmulatedCluster, NetworkSpec, measure_throughput, sweep, why_unavailable
 from pipelines.cluster.emulated import SUBNET, find_cgroups, list_netns, parse_cpu_list
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 MIB = 1 << 20
 
 
-def _why_no_netns() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root (network namespaces, tc, cgroups)"
-    if shutil.which("ip") is None or shutil.which("tc") is None:
-        return "iproute2 (ip, tc) not installed: scripts/system_deps.sh"
-    probe = f"bmcprobe{os.getpid()}"
-    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True, check=False)
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True, check=False)
-    if made.returncode != 0:
-        return f"ip netns does not work here: {made.stderr.strip()}"
-    return None
-
-
-_NO_NETNS = _why_no_netns()
+_NO_NETNS = why_unavailable()
 needs_netns = pytest.mark.skipif(_NO_NETNS is not None, reason=str(_NO_NETNS))
 
 
