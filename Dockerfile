@@ -54,6 +54,7 @@ RUN set -eux; \
 
 COPY docker/entrypoint.sh /usr/local/bin/bench-entrypoint
 COPY docker/airflow_init.sh /usr/local/bin/airflow-init
+COPY docker/mlflow_init.py /usr/local/bin/mlflow-init
 WORKDIR /opt/project
 COPY pyproject.toml requirements.txt README.md ./
 COPY pipelines pipelines

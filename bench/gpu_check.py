@@ -1,44 +1,29 @@
 """GPU check: the study's setting through the project's own training loop, on one device.
 
-The study (README): BERT-tiny on IMDB, 25k train / 25k test reviews, 20 epochs, sequence length
-128, batch 32 per worker; DDP on 2 GPUs took 499 s. This script measures the same workload on
-one device with ``pipelines.training.loop.run_training`` (model factory, loop, TrainingRecord
-timings, checkpoints, final test: nothing re-implemented) and a ``TorchDistributed`` subclass
-(the loop's seam) that switches the speed options:
+The study (README): BERT-tiny on IMDB, 25k/25k reviews, 20 epochs, seq 128, batch 32 per worker;
+DDP on 2 GPUs took 499 s. Here the same workload runs on one device through
+``pipelines.training.loop.run_training`` (nothing re-implemented) with a ``TorchDistributed``
+subclass (the loop's seam) switching the speed options:
 
-    bf16         bf16 autocast around the model (off: fp32, also on GPU where the loop's
-                 default is bf16; on CPU: CPU bf16 autocast)
-    fused        fused AdamW (``torch.optim.AdamW(fused=True)``)
-    gpu-data     the train split kept on the device, batches gathered there (same sampler,
-                 same rows in the same order as the DataLoader it replaces)
-    compile      ``torch.compile(model, dynamic=False)``
+    bf16         bf16 autocast around the model (off: fp32, also on GPU; on CPU: CPU bf16)
+    fused        fused AdamW;  gpu-data: the train split on the device (same rows, same order)
+    compile      ``torch.compile(model, dynamic=False)``;  dynamic: ``dynamic=True``
     cuda-graphs  ``torch.compile(mode="reduce-overhead")``: CUDA graphs (implies compile)
-    dynamic      ``torch.compile(dynamic=True)``: one graph for every batch size (implies
-                 compile); without it the last, smaller batch of an epoch and of the eval
-                 compiles a graph of its own (epoch 1 pays each compile; see steady columns)
+    whole-graph  ``pipelines.training.graph_step``: the whole step (rows, forward, loss, backward,
+                 in-step lr schedule, fused capturable AdamW) in one CUDA graph per batch size,
+                 eval graphed too; the loop's pieces, record, checkpoints and final test; checked
+                 first against the loop's step (losses). Implies fused + gpu-data; with compile:
+                 the compiled model inside the graph. On CPU the same step runs eagerly.
 
-Two steps, so the GPU host needs only torch, transformers, pandas, pyarrow (+ the pydantic
-wheels, carried) and never tokenizes:
-
-    python bench/gpu_check.py prepare --out runs/gpu_check/data            # CPU machine
+    python bench/gpu_check.py prepare --out runs/gpu_check/data            # CPU machine: tokenize
     python bench/gpu_check.py run --data runs/gpu_check/data --out runs/gpu_check/results \\
-        --device cuda --matrix base,bf16,bf16+fused+gpu-data,bf16+fused+gpu-data+cuda-graphs
+        --device cuda --matrix base,bf16+fused+gpu-data+cuda-graphs,bf16+whole-graph
 
-``prepare`` writes ``<data>/tokens/{train,validation,test}/part-*.parquet`` (the data stage's
-shard layout, written with its ``tokenize_frame`` and pyarrow: no Spark), the tokenizer/config
-folder under ``<data>/model`` and ``<data>/gpu_check_data.json``. Train = the first N reviews
-of the seeded shuffle of IMDB train; test = the first N of the shuffled test split; the loop's
-per-epoch held-out evaluation uses the first ``--validation-samples`` of those test rows
-(default 2,500 = the project's 10 %; the study's train split stays whole).
-
-``run`` starts one process per option set (``run-one``: a fresh CUDA context and compile
-cache each), reads the cell's ``worker_result.json`` and prints, per option set: samples/s
-(the record's: all epochs), steady samples/s (epochs 2..), s/epoch (train phase; and the
-TrainingRecord epoch: train + held-out eval + checkpoint), the 20-epoch total (sum of epoch
-times; projected as first + 19 x steady when fewer epochs ran) and its ratio to 499 s. Writes
-``<out>/gpu_check.json``. Importing what ``run`` needs pulls in no pyspark, airflow,
-great_expectations, mlflow or scikit-learn (the final test's metrics, ``pipelines.metrics``,
-are numpy).
+``prepare``: token shards of the first N reviews of each seeded-shuffled IMDB split (held-out eval:
+the first 2,500 test rows), tokenizer/config, ``gpu_check_data.json``. ``run``: a process per option
+set; prints samples/s, s/epoch, the 20-epoch total (train + eval + checkpoint; ~: first + 19 x later
+epochs), its ratio to 499 s, test accuracy, the step check; writes ``<out>/gpu_check.json`` after
+each. Needs torch, transformers, pandas, pyarrow, pydantic (no pyspark, airflow, GX, mlflow, sklearn).
 """
 
 from __future__ import annotations
@@ -56,15 +41,15 @@ from pathlib import Path
 
 STUDY_SECONDS = 499.0  # DDP, 2 GPUs, 20 epochs (the published study; README)
 STUDY_EPOCHS = 20
-OPTIONS = ("bf16", "fused", "gpu-data", "compile", "cuda-graphs", "dynamic")
+OPTIONS = ("bf16", "fused", "gpu-data", "compile", "cuda-graphs", "dynamic", "whole-graph")
 # `run` on a GPU without --matrix or flags: the way from the loop's plain steps to all options
 DEFAULT_GPU_MATRIX = ("base,bf16,bf16+fused+gpu-data,bf16+fused+gpu-data+compile,"
-                      "bf16+fused+gpu-data+cuda-graphs,bf16+fused+gpu-data+cuda-graphs+dynamic")
+                      "bf16+fused+gpu-data+cuda-graphs,bf16+fused+gpu-data+cuda-graphs+dynamic,"
+                      "bf16+whole-graph,bf16+compile+whole-graph")
 HEAVY_MODULES = ("pyspark", "airflow", "great_expectations", "mlflow", "sklearn")
 RESULT_FILE = "gpu_check.json"
 DATA_INFO = "gpu_check_data.json"
-MODEL_FILES = ("config.json", "vocab.txt", "tokenizer.json", "tokenizer_config.json",
-               "special_tokens_map.json")
+MODEL_FILES = ("config.json", "vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 DEFAULT_SHARED = Path(os.environ.get("SHARED_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data"))
 
 
@@ -76,7 +61,11 @@ def parse_option_set(text: str) -> tuple[str, ...]:
     if unknown:
         raise SystemExit(f"unknown option(s) {sorted(unknown)} in {text!r} (options: base, {', '.join(OPTIONS)})")
     if names & {"cuda-graphs", "dynamic"}:
+        if "whole-graph" in names:
+            raise SystemExit(f"{text!r}: whole-graph captures its own graphs (no cuda-graphs / dynamic)")
         names.add("compile")
+    if "whole-graph" in names:  # its step is fused AdamW over device-resident data
+        names |= {"fused", "gpu-data"}
     return tuple(o for o in OPTIONS if o in names)
 
 
@@ -129,8 +118,7 @@ def prepare(args) -> dict:
 
 # --- run-one: one option set, this process -------------------------------------------------------
 def heavy_modules_loaded() -> list[str]:
-    """The heavy stacks (Spark, Airflow, GX, MLflow) this process has imported (a ``None``
-    entry in sys.modules marks a blocked module, not an imported one)."""
+    """The heavy stacks this process imported (a ``None`` in sys.modules: blocked, not imported)."""
     return sorted({name.split(".")[0] for name, module in sys.modules.items() if module is not None}
                   & set(HEAVY_MODULES))
 
@@ -154,8 +142,7 @@ def make_distributed(options: tuple[str, ...], device_name: str, compile_backend
                 return self.model(**inputs)
 
     class DeviceLoader:
-        """The train loader's batches from tensors on the device: its sampler (set_epoch, len)
-        and batch size, so the same rows in the same order as the DataLoader (drop_last=False)."""
+        """The loader's batches from device tensors: its sampler and batch size (same rows, order)."""
 
         def __init__(self, loader, device):
             if not isinstance(loader.dataset, TensorDataset) or loader.drop_last:
@@ -205,6 +192,7 @@ def run_one(args) -> dict:
     from pipelines.cell import CellSpec
     from pipelines.config import Backend, load_config
     from pipelines.results import CellResult
+    from pipelines.training.graph_step import run_whole_step
     from pipelines.training.loop import run_training
 
     options = parse_option_set(args.options)
@@ -224,10 +212,14 @@ def run_one(args) -> dict:
                     repeat=0, labels=info["labels"])
     spec.write()
     launch = time.time()
-    run_training(spec, launch, distributed=make_distributed(options, args.device, args.compile_backend))
+    distributed = make_distributed(options, args.device, args.compile_backend)
+    if "whole-graph" in options:  # the whole step in one graph: pipelines.training.graph_step
+        whole_step = run_whole_step(spec, launch, distributed, verify_steps=args.verify_steps)
+    else:
+        whole_step = run_training(spec, launch, distributed=distributed)  # None
     result = CellResult.model_validate_json(spec.cell.worker_result.read_text())
     summary = summarize(result, options, target_epochs=args.target_epochs, study_seconds=args.study_seconds)
-    summary.update(wall_seconds=time.time() - launch,
+    summary.update(whole_step=whole_step, wall_seconds=time.time() - launch,
                    heavy_modules_loaded=heavy_modules_loaded(),
                    gpu=torch.cuda.get_device_name() if result.device.startswith("cuda") else None)
     (cell_dir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -272,7 +264,15 @@ def summarize(result, options: tuple[str, ...], *, target_epochs: int = STUDY_EP
 
 # --- run: the matrix, one process per option set ------------------------------------------------
 TABLE_COLUMNS = ("options", "samples/s", "steady samples/s", "train s/epoch", "epoch s",
-                 "20-ep total s", "ratio to 499 s", "train-only 20-ep s")
+                 "20-ep total s", "ratio to 499 s", "train-only 20-ep s", "test acc", "step check")
+
+
+def step_check(r: dict) -> str:
+    """The whole step's check against the loop's step: ok / MISMATCH and the largest loss gap."""
+    check = (r.get("whole_step") or {}).get("verify")
+    if not check:
+        return "-"
+    return f"{'ok' if check['match'] else 'MISMATCH'} {check['max_loss_diff']:.1e}"
 
 
 def table(rows: list[dict]) -> str:
@@ -281,7 +281,7 @@ def table(rows: list[dict]) -> str:
         return (r["options"], f"{r['samples_per_second']:.1f}", f"{r['steady_samples_per_second']:.1f}",
                 f"{r['steady_train_seconds']:.3f}", f"{r['steady_epoch_seconds']:.3f}",
                 f"{mark}{r['total_seconds']:.2f}", f"{r['ratio_to_study']:.4f}",
-                f"{mark}{r['train_total_seconds']:.2f}")
+                f"{mark}{r['train_total_seconds']:.2f}", f"{r['final_test_accuracy']:.4f}", step_check(r))
 
     body = [TABLE_COLUMNS] + [cells(r) for r in rows]
     widths = [max(len(row[i]) for row in body) for i in range(len(TABLE_COLUMNS))]
@@ -290,34 +290,46 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def run_cell(args, data: Path, out: Path, label: str, seconds_left: float | None = None) -> dict:
+    """One option set in its own process (``run-one``) in the time left -> its summary or failure."""
+    cell = out / "cells" / label
+    limit = min((t for t in (args.cell_timeout, seconds_left) if t is not None and t > 0), default=None)
+    if seconds_left is not None and seconds_left < 30:
+        print(f"run: {label} skipped: the time budget is spent", flush=True)
+        return {"failure": {"options": label, "returncode": "no time left"}}
+    print(f"run: {label} on {args.device} ...", flush=True)
+    cmd = [sys.executable, os.path.abspath(__file__), "run-one", "--data", str(data), "--cell", str(cell),
+           "--options", label]
+    for name in ("device", "epochs", "batch_size", "lr", "target_epochs", "study_seconds", "compile_backend",
+                 "threads", "verify_steps"):
+        cmd += ["--" + name.replace("_", "-"), str(getattr(args, name))]
+    try:
+        returncode = subprocess.run(cmd, check=False, timeout=limit).returncode
+    except subprocess.TimeoutExpired:
+        returncode = "timeout"
+    if returncode != 0 or not (cell / "summary.json").is_file():
+        print(f"run: {label} FAILED (exit {returncode})", flush=True)
+        return {"failure": {"options": label, "returncode": returncode}}
+    return json.loads((cell / "summary.json").read_text())
+
+
 def run(args) -> dict:
     data, out = Path(args.data), Path(args.out)
     if not (data / DATA_INFO).is_file():
         raise SystemExit(f"{data / DATA_INFO} missing: run `gpu_check.sh prepare` first (on any CPU machine)")
     flags = "+".join(o for o in OPTIONS if getattr(args, o.replace("-", "_")))
     matrix = args.matrix or (flags or (DEFAULT_GPU_MATRIX if args.device.startswith("cuda") else "base"))
-    option_sets = [parse_option_set(s) for s in matrix.split(",")]
+    labels = [option_label(parse_option_set(s)) for s in matrix.split(",")]
     out.mkdir(parents=True, exist_ok=True)
-    rows, failures = [], []
-    for options in option_sets:
-        label = option_label(options)
-        cell = out / "cells" / label
-        print(f"run: {label} on {args.device} ...", flush=True)
-        cmd = [sys.executable, os.path.abspath(__file__), "run-one", "--data", str(data), "--cell", str(cell),
-               "--options", label, "--device", args.device, "--epochs", str(args.epochs),
-               "--batch-size", str(args.batch_size), "--lr", str(args.lr),
-               "--target-epochs", str(args.target_epochs), "--study-seconds", str(args.study_seconds),
-               "--compile-backend", args.compile_backend, "--threads", str(args.threads)]
-        proc = subprocess.run(cmd)
-        if proc.returncode != 0 or not (cell / "summary.json").is_file():
-            failures.append({"options": label, "returncode": proc.returncode})
-            print(f"run: {label} FAILED (exit {proc.returncode})", flush=True)
-            continue
-        rows.append(json.loads((cell / "summary.json").read_text()))
     report = {"study": {"seconds": args.study_seconds, "epochs": STUDY_EPOCHS, "gpus": 2, "backend": "ddp"},
               "device": args.device, "data": json.loads((data / DATA_INFO).read_text()),
-              "results": rows, "failures": failures}
-    (out / RESULT_FILE).write_text(json.dumps(report, indent=2))
+              "results": [], "failures": []}
+    rows, failures = report["results"], report["failures"]
+    deadline = time.time() + args.time_budget if args.time_budget else None
+    for label in labels:
+        row = run_cell(args, data, out, label, deadline and deadline - time.time())
+        failures.append(row["failure"]) if "failure" in row else rows.append(row)
+        (out / RESULT_FILE).write_text(json.dumps(report, indent=2))  # what ran so far, if cut short
     if rows:
         print(f"\nGPU check: {rows[0]['train_samples']} train reviews, seq {rows[0]['max_seq_len']}, "
               f"batch {rows[0]['batch_size']}, {rows[0]['epochs']} epoch(s) measured on "
@@ -355,18 +367,18 @@ def main(argv: list[str] | None = None) -> None:
         q.add_argument("--study-seconds", type=float, default=STUDY_SECONDS)
         q.add_argument("--compile-backend", default="inductor")
         q.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: all allowed cores)")
+        q.add_argument("--verify-steps", type=int, default=6, help="whole-graph: steps checked against the loop's")
 
     r = sub.add_parser("run", help="train the option sets, print the table, write gpu_check.json")
     train_args(r)
     r.add_argument("--out", required=True)
     r.add_argument("--matrix", default="", help="comma-separated option sets, e.g. base,bf16+fused+gpu-data "
                    "(default: the flags given as one set; none on cuda: DEFAULT_GPU_MATRIX; on cpu: base)")
-    r.add_argument("--bf16", action="store_true")
-    r.add_argument("--fused", "--fused-adamw", dest="fused", action="store_true")
-    r.add_argument("--gpu-data", "--data-on-gpu", dest="gpu_data", action="store_true")
-    r.add_argument("--compile", action="store_true")
-    r.add_argument("--cuda-graphs", dest="cuda_graphs", action="store_true")
-    r.add_argument("--dynamic", action="store_true", help="torch.compile(dynamic=True)")
+    for flag, *alias in (("bf16",), ("fused", "--fused-adamw"), ("gpu-data", "--data-on-gpu"), ("compile",),
+                         ("cuda-graphs",), ("dynamic",), ("whole-graph",)):  # the options, as flags
+        r.add_argument(f"--{flag}", *alias, dest=flag.replace("-", "_"), action="store_true")
+    r.add_argument("--cell-timeout", type=float, default=0, help="seconds per option set (0: no limit)")
+    r.add_argument("--time-budget", type=float, default=0, help="seconds for all option sets (0: no limit)")
     o = sub.add_parser("run-one", help=argparse.SUPPRESS)
     train_args(o)
     o.add_argument("--cell", required=True)

@@ -7,9 +7,10 @@ cell, or the cluster at `BENCHMARK_RAY_ADDRESS`) at several worker counts, then 
 accuracy, scaling and platform overhead, and logs everything to MLflow.
 
 ```
-prepare_run -> start_spark_cluster (setup) -> ingest -> validate_snapshot -> preprocess
-  -> validate_tokens -> train.plan_wN -> train.wN   for N = 1..4 (mapped: one instance per
-  backend x strategy x repeat) -> stop_spark_cluster (teardown: runs whatever happened before)
+prepare_run -> start_spark_cluster, start_cluster (setup) -> ingest -> validate_snapshot
+  -> preprocess -> validate_tokens -> train.plan_wN -> train.wN   for N = 1..4 (mapped: one
+  instance per backend x strategy x network x repeat) -> stop_spark_cluster, stop_cluster
+  (teardown: run whatever happened before)
   -> evaluate (runs when every cell is done, failed ones included) -> report -> track
   -> check_regression
 ```
@@ -17,7 +18,10 @@ prepare_run -> start_spark_cluster (setup) -> ingest -> validate_snapshot -> pre
 With `spark_master=embedded` (the nightly and paper profiles) the run starts its own Spark
 standalone cluster (`pipelines.spark_cluster`: master + one 1-core worker per CPU core on
 127.0.0.1) for preprocessing and the spark cells, and the teardown task stops it, also when a
-task failed; with any other master both tasks do nothing.
+task failed; with any other master both tasks do nothing. With `cluster.kind=emulated` (the
+`cluster` profile) `start_cluster` builds the run's emulated hosts (`pipelines.cluster.lifecycle`:
+network namespaces with shaped links, one core each, on this machine: the train tasks must run
+on it, as with LocalExecutor) and `stop_cluster` removes them.
 
 The steps after training are `pipelines.runner.FINISH_STEPS`, the same order and failure
 policy as `python -m pipelines run` (a step runs only when the one before succeeded; failed
@@ -135,6 +139,10 @@ PARAMS = {
                                         "(`fsdp+weighted_loss`). Comm strategies have no 1-worker cell; "
                                         "a strategy a backend cannot run (Determined: comm hooks, local SGD, "
                                         "FSDP) is refused before any work. Empty = `default` only."),
+    "networks": _field("networks", "Networks", "Training matrix", uniqueItems=True,
+                       examples=["unshaped", "10gbit", "1gbit", "100mbit"],
+                       description="Links between the emulated hosts (cluster profile), each a cell of its own: "
+                                   "unshaped, 10gbit, 1gbit, 100mbit or <n>mbit; empty = the profile's."),
     "class_ratio": _field("class_ratio", "Class ratio", "Data",
                           "Imbalanced train sample on purpose: every other class gets this fraction of "
                           "label 0's rows (test stays balanced); empty = stratified as the source."),
@@ -163,15 +171,19 @@ CONFIG_PARAMS = tuple(k for k in PARAMS if k not in ("profile", "overrides"))
 
 
 def overrides_from_params(params: dict, environ: dict | None = None) -> dict:
-    """Trigger params -> config overrides: site defaults from env, then the non-empty params.
-    Deployment fields come from the environment only (pipelines.config.deployment_keys)."""
-    environ = os.environ if environ is None else environ
+    """Trigger params -> config overrides: site defaults from env, then the non-empty params. Deployment
+    fields come from the environment only (deployment_keys); profiles (``overrides.profile`` too) from PROFILES."""
+    from pipelines.config.loading import check_profiles  # ConfigError: the field and the names
+    check_profiles(params.get("profile"), params.get("overrides"))
     given = {k: v for k, v in params.items() if k not in ("profile", "overrides")}
     refused = deployment_keys({**given, **(params.get("overrides") or {})})
     if refused:
         raise ValueError(f"{', '.join(refused)}: set by the deployment (BENCHMARK_* / MLFLOW_TRACKING_URI "
                          "environment of the Airflow workers), not by a trigger")
-    overrides = site_defaults(environ)
+    if unknown := sorted(set(params) - set(PARAMS)):  # a conf key no form field has: never ignored
+        raise ValueError(f"{', '.join(unknown)}: not a trigger field ({', '.join(PARAMS)}); put other config "
+                         'fields in "overrides"')
+    overrides = site_defaults(os.environ if environ is None else environ)
     overrides.update({k: params[k] for k in CONFIG_PARAMS if params.get(k) not in (None, "", [])})
     overrides.update(params.get("overrides") or {})
     return overrides
@@ -180,7 +192,7 @@ def overrides_from_params(params: dict, environ: dict | None = None) -> dict:
 def plan_by_workers(cells: list[tuple], pool_slots: int | None) -> dict[str, list[dict]]:
     """Cells grouped by worker count -> kwargs lists for the train.wN tasks ("w1".."w4")."""
     plan: dict[str, list[dict]] = {f"w{n}": [] for n in range(1, MAX_WORKERS + 1)}
-    for backend, strategy, workers, repeat in cells:
+    for backend, strategy, network, workers, repeat in cells:
         if workers > MAX_WORKERS:
             raise ValueError(f"worker_counts: {workers} is above the DAG's maximum {MAX_WORKERS} "
                              f"(one train task per count); run it with `python -m pipelines` instead")
@@ -189,8 +201,8 @@ def plan_by_workers(cells: list[tuple], pool_slots: int | None) -> dict[str, lis
             raise ValueError(f"worker_counts: {workers} workers need {workers} slots of pool {POOL!r}, "
                              f"which has {pool_slots} ({SLOTS_ENV}; GPU or CPU count). Lower worker_counts "
                              f"or resize the pool: {SLOTS_ENV}={workers} bash scripts/airflow_setup.sh")
-        plan[f"w{workers}"].append({"backend": str(backend), "strategy": strategy, "workers": workers,
-                                    "repeat": repeat})
+        plan[f"w{workers}"].append({"backend": str(backend), "strategy": strategy, "network": network,
+                                    "workers": workers, "repeat": repeat})
     return plan
 
 
@@ -278,6 +290,24 @@ def imdb_benchmark():
 
         return spark_cluster.stop(RunPaths(Path(run_dir)))
 
+    @setup
+    def start_cluster(run_dir: str) -> dict | None:
+        """cluster.kind=emulated: start the run's hosts (pipelines.cluster.lifecycle); its state."""
+        from pipelines.cluster import lifecycle
+        from pipelines.config import read_config
+        from pipelines.paths import RunPaths
+
+        paths = RunPaths(Path(run_dir))
+        return lifecycle.start(paths, read_config(paths.config))
+
+    @teardown
+    def stop_cluster(run_dir: str) -> list[str]:
+        """Stop the run's emulated hosts (if any), whatever the tasks before it did."""
+        from pipelines.cluster import lifecycle
+        from pipelines.paths import RunPaths
+
+        return lifecycle.stop(RunPaths(Path(run_dir)))
+
     @task
     def ingest(run_dir: str) -> dict:
         from pipelines import stages
@@ -316,13 +346,14 @@ def imdb_benchmark():
     # last checkpoint), the same policy as the CLI's; an Airflow retry would add more on top
     @task(pool=POOL, retries=0,
           map_index_template="{{ task.op_kwargs['backend'] }} {{ task.op_kwargs['strategy'] }}"
-                             " x{{ task.op_kwargs['workers'] }} r{{ task.op_kwargs['repeat'] }}")
-    def train(run_dir: str, backend: str, strategy: str, workers: int, repeat: int) -> dict:
-        """One (backend, strategy, workers, repeat) cell; a retry resumes from its last checkpoint."""
+                             " {{ task.op_kwargs['network'] }} x{{ task.op_kwargs['workers'] }}"
+                             " r{{ task.op_kwargs['repeat'] }}")
+    def train(run_dir: str, backend: str, strategy: str, network: str, workers: int, repeat: int) -> dict:
+        """One (backend, strategy, network, workers, repeat) cell; a retry resumes from its last checkpoint."""
         from pipelines import stages
 
-        result = stages.train_cell(run_dir, backend, workers, repeat, strategy=strategy)
-        return _logged(f"train {backend} {strategy} x{workers} r{repeat}", result)
+        result = stages.train_cell(run_dir, backend, workers, repeat, strategy=strategy, network=network)
+        return _logged(f"train {backend} {strategy} {network} x{workers} r{repeat}", result)
 
     @task
     def finish_step(run_dir: str, step: str) -> dict:
@@ -339,8 +370,9 @@ def imdb_benchmark():
 
     run_dir = prepare_run()
     cluster_up = start_spark_cluster(run_dir)
+    hosts_up = start_cluster(run_dir)
     data_steps = [ingest(run_dir), validate_snapshot(run_dir), preprocess(run_dir), validate_tokens(run_dir)]
-    cluster_up >> data_steps[0]
+    [cluster_up, hosts_up] >> data_steps[0]
     for before, after in zip(data_steps, data_steps[1:]):
         before >> after
     with TaskGroup("train", tooltip="per worker count: plan_wN lists the cells, wN trains them "
@@ -350,6 +382,7 @@ def imdb_benchmark():
             data_steps[-1] >> cells
             train.override(task_id=f"w{n}", pool_slots=n).partial(run_dir=run_dir).expand_kwargs(cells)
     train_group >> stop_spark_cluster(run_dir).as_teardown(setups=cluster_up)
+    train_group >> stop_cluster(run_dir).as_teardown(setups=hosts_up)
     # evaluate runs once every cell is done, failed ones included, so the report shows them;
     # each later step only after the one before succeeded (the CLI's policy too).
     previous = train_group

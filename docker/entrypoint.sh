@@ -14,7 +14,10 @@
 #   AIRFLOW_ADMIN_PASSWORD   -> the simple auth manager's password file (0600) for
 #                               AIRFLOW_ADMIN_USERNAME (default admin): the API server's login.
 #   MLFLOW_AUTH_DATABASE_URI -> an MLflow basic-auth config (0600) and MLFLOW_AUTH_CONFIG_PATH;
-#                               the admin user comes from MLFLOW_AUTH_ADMIN_USERNAME/PASSWORD.
+#                               the admin user comes from MLFLOW_AUTH_ADMIN_USERNAME/PASSWORD. With
+#                               the server's workspaces on, a user without a workspace-wide grant
+#                               (the workers' user: docker/mlflow_init.py) sees only the
+#                               experiments granted to it and cannot create one.
 set -euo pipefail
 umask 0077
 
@@ -52,6 +55,7 @@ if [ -n "${MLFLOW_AUTH_DATABASE_URI:-}" ]; then
 default_permission = ${MLFLOW_AUTH_DEFAULT_PERMISSION:-READ}
 database_uri = $MLFLOW_AUTH_DATABASE_URI
 authorization_function = mlflow.server.auth:authenticate_request_basic_auth
+grant_default_workspace_access = false
 EOF
 fi
 

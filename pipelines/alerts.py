@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import html
 import os
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from pipelines.paths import RunPaths
 from pipelines.trends import RunRecord, dag_run_link, load_record, mlflow_links
@@ -36,6 +38,15 @@ class Alert:
     text: str
     html: str
     cells: tuple[str, ...]  # the alarmed and failed cells named in the message
+
+
+def one_line(text: str, limit: int = MAX_SUBJECT) -> str:
+    """A mail subject from free text (errors, cell names): control and format characters (CR/LF,
+    which would end the header, tabs, zero-width and bidi marks, line separators) become spaces,
+    runs of spaces one; at most ``limit`` characters."""
+    text = "".join(" " if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") else c for c in str(text))
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _num(value: Any, fmt: str) -> str:
@@ -66,7 +77,8 @@ def _links(run: RunRecord, dag_run_id: str | None) -> list[tuple[str, str]]:
         found = dag_run_link(run, airflow_url)
         if found:
             links.append(found)
-        links.append(("Benchmarks page: trends", f"{airflow_url}/benchmarks/?profile={run.profile}"))
+        trends = f"{airflow_url}/benchmarks/?profile={quote(run.profile, safe='')}"
+        links.append(("Benchmarks page: trends", trends))
     links += [(label, url) for label, url in mlflow_links(run) if url]
     return links
 
@@ -93,11 +105,9 @@ def build_alert(run_dir: str | Path, dag_run_id: str | None = None, task_id: str
     if failed:
         parts.append(f"{len(failed)} training cell(s) failed: {', '.join(f['cell'] for f in failed)}")
     if not parts:
-        reason = str(exception).splitlines()[0] if exception else "failed"
+        reason = (str(exception).splitlines() or ["failed"])[0] if exception else "failed"
         parts.append(f"task {task_id or '?'} failed: {reason}")
-    subject = f"{SUBJECT_PREFIX} {run.profile} run {run_name}: " + "; ".join(parts)
-    if len(subject) > MAX_SUBJECT:
-        subject = subject[:MAX_SUBJECT - 3] + "..."
+    subject = one_line(f"{SUBJECT_PREFIX} {run.profile} run {run_name}: " + "; ".join(parts))
 
     facts = [("Airflow run", run_name), ("run folder", str(run.root)), ("profile", run.profile),
              ("started", run.started.strftime("%Y-%m-%d %H:%M UTC"))]
@@ -146,8 +156,8 @@ def build_alert(run_dir: str | Path, dag_run_id: str | None = None, task_id: str
 
 def _bare_alert(run_dir, dag_run_id, task_id, exception) -> Alert:
     reason = str(exception or "failed")
-    subject = f"{SUBJECT_PREFIX} run {dag_run_id or run_dir or '?'}: task {task_id or '?'} failed: " \
-              f"{reason.splitlines()[0] if reason else ''}"[:MAX_SUBJECT]
+    subject = one_line(f"{SUBJECT_PREFIX} run {dag_run_id or run_dir or '?'}: task {task_id or '?'} failed: "
+                       f"{reason.splitlines()[0] if reason else ''}")
     text = f"{subject}\n\nrun folder: {run_dir or 'not created'}\nError: {reason[:2000]}\n"
     body = (f"<h2>{html.escape(subject)}</h2><p>run folder: {html.escape(str(run_dir or 'not created'))}</p>"
             f"<pre>{html.escape(reason[:2000])}</pre>")

@@ -79,9 +79,22 @@ def _lost(failed_at: float, attempt_start: float, cell: CellPaths) -> float:
     return max(0.0, failed_at - since)
 
 
-def beat(cell: CellPaths) -> None:
-    """Rank 0 while training: the newest sign of life of this attempt."""
-    cell.heartbeat.touch()
+def beat(cell: CellPaths, epoch: int | None = None, step: int | None = None, steps: int | None = None) -> None:
+    """Rank 0 while training: the newest sign of life of this attempt, and where it is
+    (``"<epoch> <step> <steps per epoch>"``, 1-based: what ``pipelines.faults`` waits for)."""
+    if epoch is None:
+        cell.heartbeat.touch()
+    else:
+        cell.heartbeat.write_text(f"{epoch} {step} {steps}\n")
+
+
+def progress(cell: CellPaths) -> tuple[int, int, int] | None:
+    """(epoch, step, steps per epoch) of rank 0's newest heartbeat, or None."""
+    try:
+        epoch, step, steps = (int(v) for v in cell.heartbeat.read_text().split())
+    except (FileNotFoundError, ValueError):
+        return None
+    return epoch, step, steps
 
 
 def begin(cell: CellPaths, lock_wait_seconds: float = 0.0) -> Attempt:

@@ -30,6 +30,7 @@ import traceback
 from pathlib import Path
 
 from pipelines import platforms, runner, spark_cluster, stages
+from pipelines.cluster import lifecycle
 from pipelines.config import PROFILES, ConfigError, parse_set_options, read_config, site_defaults
 from pipelines.paths import RunPaths
 from pipelines.signals import CellTerminated
@@ -61,6 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--strategy", default="default",
                        help="one of the run's strategies by name (default, fp16, powersgd-r2, localsgd-4, fsdp, "
                             "weighted_loss, ...; give the list with --set 'strategies=[...]')")
+    train.add_argument("--network", help="one of the run's networks (default: its first; cluster runs)")
     train.add_argument("--node-rank", type=int, help="multi-node ddp: this machine's node rank")
     train.add_argument("--force", action="store_true", help="train the cell again even if it finished")
     run = with_run_options(sub.add_parser("run", help="the whole benchmark: data, every cell, report"))
@@ -107,14 +109,16 @@ def _command(args: argparse.Namespace) -> int:
     run_dir = _run_dir(args)  # cheap checks first: a doomed run fails in seconds, not after the data stage
     print(f"run folder: {run_dir}", flush=True)
     paths = RunPaths(Path(run_dir))
-    # spark_master=embedded: the run's own standalone cluster, stopped when training ends (or fails)
-    with spark_cluster.embedded_cluster(paths, read_config(paths.config)):
+    config = read_config(paths.config)
+    # spark_master=embedded: the run's own standalone cluster; cluster.kind=emulated: its hosts;
+    # both stopped when training ends (or fails, or a signal stops the run)
+    with spark_cluster.embedded_cluster(paths, config), lifecycle.run_cluster(paths, config):
         _ensure_data(run_dir)
         if args.command == "train":
             try:
                 print(json.dumps(stages.train_cell(run_dir, args.backend, args.workers, args.repeat,
                                                    node_rank=args.node_rank, force=args.force,
-                                                   strategy=args.strategy)))
+                                                   strategy=args.strategy, network=args.network)))
             except Exception as err:
                 raise runner.StepFailed("train", err, runner.resume_hint("train", run_dir)) from err
             return 0
@@ -139,8 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     except CellTerminated as err:  # SIGTERM/SIGINT: the cell's processes are gone, its result says so
         print(f"error: {err}", file=sys.stderr)
         return 128 + err.signum
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
+    except ConfigError as err:  # one line: the last thing a failed run prints says what was refused
+        print("error: " + " ".join(line.strip() for line in str(err).splitlines()), file=sys.stderr)
         return 2
     except runner.StepFailed as err:
         if args.verbose:

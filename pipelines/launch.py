@@ -24,7 +24,9 @@ and preflight stay cheap).
 from __future__ import annotations
 
 import collections
+import functools
 import logging
+import os
 import shutil
 import subprocess
 import sys
@@ -67,7 +69,8 @@ def nproc_per_node(config: BenchmarkConfig, world_size: int) -> int:
 def torchrun_args(config: BenchmarkConfig, world_size: int, rdzv_id: str = "pipelines") -> list[str]:
     """torchrun options: standalone on one node, static rendezvous across ``ddp_nnodes`` nodes."""
     args = ["--nproc-per-node", str(nproc_per_node(config, world_size)),
-            "--max-restarts", "0", "--monitor-interval", "0.1"]
+            # the platform's own recovery (matrix.platform_retries; 0: a failure ends the attempt)
+            "--max-restarts", str(config.matrix.platform_retries), "--monitor-interval", "0.1"]
     if config.engine("ddp").nnodes == 1 and not config.engine("ddp").rdzv_endpoint:
         return ["--standalone", "--nnodes", "1", *args]
     if not config.engine("ddp").rdzv_endpoint:
@@ -102,8 +105,37 @@ def launch_env(config: BenchmarkConfig, base: Mapping[str, str], local_processes
     return env
 
 
+# A private network namespace with only loopback, up: unshare(1) makes it, sh brings lo up, then
+# execs the launcher (same PID), so everything the cell starts lives in it.
+_ISOLATE = ["unshare", "--net", "--", "/bin/sh", "-c", 'ip link set lo up && exec "$@"', "sh"]
+
+
+@functools.lru_cache(maxsize=1)
+def isolation_available() -> bool:
+    """Can a cell get a private network namespace here? Tried once (root in a container without
+    CAP_SYS_ADMIN cannot: the cell then runs as before, with a warning)."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("ip") is None:
+        return False
+    probe = subprocess.run([*_ISOLATE, "true"], capture_output=True, check=False, timeout=30)
+    return probe.returncode == 0
+
+
+def isolated(cmd: list[str]) -> list[str]:
+    """``cmd`` in a private network namespace of its own (loopback only), where possible: a
+    one-node torchrun's rendezvous store listens on every interface, Determined's local mode on
+    ``tcp://*:12360`` / ``12365``; in the namespace nothing outside the cell reaches them."""
+    if not isolation_available():
+        log.warning("no private network namespace for the cell (needs root, unshare and ip): its "
+                    "rendezvous port is reachable on this host's interfaces")
+        return list(cmd)
+    return [*_ISOLATE, *cmd]
+
+
 def execute(cmd: list[str], env: Mapping[str, str], log_path: Path, cwd: Path | None = None) -> None:
-    """Run the launcher to completion, teeing its output; raise with the tail on failure."""
+    """Run the launcher to completion, teeing its output; raise with the tail on failure. A
+    one-node (``--standalone``) torchrun runs ``isolated``: it needs no network beyond loopback."""
+    if "--standalone" in cmd:
+        cmd = isolated(cmd)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log.info("launching: %s", " ".join(cmd))
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)

@@ -39,12 +39,16 @@ def safe_run_id(raw: str) -> str:
 
 
 DEFAULT_STRATEGY = "default"  # pipelines.config.TrainingStrategy's name when nothing is changed
+DEFAULT_NETWORK = "local"  # a cell on this one host (pipelines.config: matrix.networks)
 
 
-def cell_name(backend: str, workers: int, repeat: int, strategy: str = DEFAULT_STRATEGY) -> str:
-    """``ddp-w2-r0`` (default strategy) or ``ddp-powersgd-r2-w2-r0``: the folder name, MLflow
+def cell_name(backend: str, workers: int, repeat: int, strategy: str = DEFAULT_STRATEGY,
+              network: str = DEFAULT_NETWORK) -> str:
+    """``ddp-w2-r0`` (default strategy, on this host), ``ddp-powersgd-r2-w2-r0`` or
+    ``ddp-powersgd-r2-100mbit-w2-r0`` (across hosts linked at 100 Mbit/s): the folder name, MLflow
     run name and report key of one cell."""
     middle = "" if strategy in (None, DEFAULT_STRATEGY) else f"-{strategy}"
+    middle += "" if network in (None, DEFAULT_NETWORK) else f"-{network}"
     return f"{backend}{middle}-w{workers}-r{repeat}"
 
 
@@ -190,8 +194,13 @@ class RunPaths:
     def spark_cluster_info(self) -> Path:  # {url, pids, started} while it runs (pipelines.spark_cluster)
         return self.spark_cluster / "cluster.json"
 
-    def cell(self, backend: str, workers: int, repeat: int, strategy: str = DEFAULT_STRATEGY) -> CellPaths:
-        return CellPaths(self.cells / cell_name(backend, workers, repeat, strategy))
+    def cell(self, backend: str, workers: int, repeat: int, strategy: str = DEFAULT_STRATEGY,
+             network: str = DEFAULT_NETWORK) -> CellPaths:
+        return CellPaths(self.cells / cell_name(backend, workers, repeat, strategy, network))
+
+    @property
+    def cluster(self) -> Path:  # the run's emulated cluster: its state and its keeper's log
+        return self.root / "cluster"
 
     def cell_results(self) -> list[Path]:
         """Every cell's result.json present on disk (whatever the config says)."""

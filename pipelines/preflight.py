@@ -35,6 +35,7 @@ def estimate_mb(config: BenchmarkConfig) -> float:
 def problems(config: BenchmarkConfig, cells: list[tuple[str, str, int]] | None = None) -> list[str]:
     """Every reason the run (or only ``cells``: (backend, strategy, workers)) cannot start."""
     out = [f"workers: {n} is not a worker count (>= 1)" for _, _, n in cells or [] if n < 1]
+    out += _cluster_problems(config)
     if not out:
         from pipelines.backends import preflight_problems
 
@@ -72,3 +73,19 @@ def check(config: BenchmarkConfig, cells: list[tuple[str, str, int]] | None = No
     found = problems(config, cells)
     if found:
         raise ConfigError("the run cannot start:\n  " + "\n  ".join(found))
+
+
+def _cluster_problems(config: BenchmarkConfig) -> list[str]:
+    """The cluster the run asks for: can it be built here, can it place every worker count."""
+    if config.matrix.fault == "host_loss" and config.cluster.kind != "emulated":
+        return ["matrix.fault=host_loss kills a host's processes through its cgroups: it needs an emulated cluster "
+                "(cluster.kind=emulated, e.g. the cluster profile)"]
+    if config.cluster.kind == "local":
+        return []
+    from pipelines.cluster import why_unavailable
+    from pipelines.cluster.lifecycle import worker_count_problems
+
+    out = worker_count_problems(config)
+    if config.cluster.kind == "emulated" and (reason := why_unavailable()):
+        out.append(f"cluster.kind=emulated: no emulated cluster can be built on this machine: {reason}")
+    return out

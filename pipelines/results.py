@@ -75,6 +75,60 @@ class TimedWindow(BaseModel):
     lock_wait_seconds: float = 0.0  # waited for another cell before the window opened
 
 
+class HostUsage(BaseModel):
+    """What one host of a cell used (``ResourceUsage.per_host``); ``source`` says how it was
+    measured: "cgroup" (an emulated host: cpuacct, memory cgroup), "proc" (the driver's processes
+    on this machine) or "none" (an SSH host: only its link counters)."""
+
+    source: Literal["cgroup", "proc", "none"] = "cgroup"
+    cpus: int | None = None  # cores it could use (its cpuset)
+    cpu_seconds: float | None = None  # user + system of everything on it
+    cpu_utilisation: float | None = None  # cpu_seconds / (wall x cpus)
+    peak_memory_mb: float | None = None  # cgroup: memory.max_usage_in_bytes (page cache included)
+    ranks_cpu_seconds: float | None = None
+    ranks_peak_rss_mb: float | None = None
+    platform_cpu_seconds: float | None = None
+    platform_peak_rss_mb: float | None = None
+    platform_processes: dict[str, float] = Field(default_factory=dict)  # kind -> peak RSS MB
+    bytes_sent: int | None = None  # its link's counters during the launch
+    bytes_received: int | None = None
+    note: str | None = None  # what could not be measured there, and why
+
+
+class ResourceUsage(BaseModel):
+    """What a cell's processes used while it launched and trained (``pipelines.resources``): the
+    last attempt, sampled every ``interval_s``; the timeline is in ``<cell>/resources.json``.
+
+    Ranks = the processes that wrote ``<cell>/ranks/rank-<k>.pid``; platform = every other process
+    of the cell (launcher, JVMs, Ray daemons, the driver), by kind in ``platform_processes``. CPU =
+    user + system from /proc (locally, a process's CPU after its last sample is missed); RSS sums
+    count pages shared between processes in each; on emulated hosts the cgroups count everything."""
+
+    source: Literal["process tree", "hosts"] = "process tree"
+    started: float  # unix time of the first sample: t = 0 of the timeline
+    wall_seconds: float
+    interval_s: float
+    samples: int
+    cpus: int | None = None  # cores the cell could use (locally: the driver's CPU affinity; hosts: cpusets)
+    cpu_seconds: float  # user + system of all the cell's processes
+    cpu_utilisation: float | None = None  # cpu_seconds / (wall x cpus)
+    peak_rss_mb: float  # largest sum of RSS over one sample; hosts: sum of the cgroups' peaks + the driver's
+    ranks: int = 0  # rank processes found
+    ranks_cpu_seconds: float = 0.0
+    ranks_peak_rss_mb: float = 0.0
+    platform_cpu_seconds: float = 0.0
+    platform_peak_rss_mb: float = 0.0
+    platform_processes: dict[str, float] = Field(default_factory=dict)  # kind -> peak RSS MB
+    sampler_cpu_seconds: float = 0.0  # the sampler's own thread (left out of every figure)
+    bytes_sent: int | None = None  # hosts: links; locally: the cell's private namespace, else None
+    bytes_received: int | None = None
+    gpus: int | None = None  # GPUs nvidia-smi saw (None: none, or no nvidia-smi)
+    gpu_utilisation_mean: float | None = None  # percent, mean over samples and GPUs (device-wide)
+    gpu_peak_memory_mb: float | None = None  # largest sum over GPUs of memory used (device-wide)
+    per_host: dict[str, HostUsage] = Field(default_factory=dict)  # hosts + "driver"; empty locally
+    notes: list[str] = Field(default_factory=list)  # what was not measured, and why
+
+
 class CellResult(BaseModel):
     """One training cell = (backend, strategy, world size, repeat)."""
 
@@ -94,6 +148,11 @@ class CellResult(BaseModel):
     # over training (comm hook buckets after compression, local SGD's parameter averaging);
     # None where not measured (one worker, FSDP). Wire bytes of a ring all-reduce are ~2(W-1)/W of it.
     comm_bytes_per_step: float | None = None
+    steps_per_epoch: int = 0  # optimizer steps per epoch on each rank
+    # where the cell ran (pipelines.cluster): "local" (this host) or "emulated" / "ssh" hosts, and
+    # the network of its links ("local" = loopback; "unshaped", "1gbit", "100mbit", ... between hosts)
+    cluster: str = "local"
+    network: str = "local"
     status: Literal["ok", "failed"] = "ok"
     error: str | None = None  # why the cell failed, for the report
     device: str = "cpu"  # e.g. "cpu", "cuda:NVIDIA H200"
@@ -141,9 +200,19 @@ class CellResult(BaseModel):
     platform_mode: str | None = None
     # across hosts (TrainingBackend.launch_on_hosts): the bytes each host's link moved meanwhile
     link_bytes: dict[str, dict[str, int]] | None = None
+    # bytes all hosts' links sent during the launch / optimizer steps trained in it (every byte:
+    # gradients, evaluation, rendezvous, data a platform moved)
+    link_bytes_per_step: float | None = None
+    # what the training steps alone moved over the links per step (the ranks' own interface counters
+    # around each epoch's steps: no model broadcast, evaluation or start-up); None on one host
+    link_bytes_per_train_step: float | None = None
+    # matrix.fault (pipelines.faults.record): the host lost, where, who recovered and at what cost
+    fault: dict | None = None
     # how the training rows reached the ranks (TrainingBackend.data_feed): "files" (each rank reads
     # the token shards) or "dataframe" (spark_dataframe: the DataFrame's partitions, through Spark)
     data_feed: str | None = None
+    # CPU, memory, bytes and GPU of the cell's processes, ranks vs platform (pipelines.resources)
+    resources: ResourceUsage | None = None
     versions: dict[str, str] = Field(default_factory=dict)  # torch, transformers, backend lib
     host: str | None = None
 

@@ -91,7 +91,8 @@ def _median(stat: Any) -> Any:
 
 
 def _cell_key(name: str) -> str:
-    """Repeat-level cell name (ddp-w2-r0) -> its aggregate key (ddp-w2)."""
+    """Repeat-level cell name (ddp-w2-r0, ddp-100mbit-w2-r0) -> its aggregate key (ddp-w2,
+    ddp-100mbit-w2): the trend key, which names the network only when it is not "local"."""
     return re.sub(r"-r\d+$", "", name)
 
 
@@ -128,6 +129,7 @@ def _aggregate(agg: dict[str, Any]) -> dict[str, Any]:
     total = agg.get("total_seconds") or {}
     return {
         "backend": agg.get("backend"), "strategy": agg.get("strategy"), "workers": agg.get("workers"),
+        "network": agg.get("network") or "local",
         "total_seconds": _median(total), "total_min": total.get("min") if isinstance(total, dict) else None,
         "total_max": total.get("max") if isinstance(total, dict) else None,
         "training_seconds": _median(agg.get("training_seconds")),

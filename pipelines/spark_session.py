@@ -7,6 +7,12 @@ except that a request for another
 master (a ``spark://`` cluster vs ``local[...]``, or another cluster) stops the running one
 first: ``getOrCreate`` would otherwise hand back the old session on the wrong master.
 Local masters count as the same (``local[2]`` serves a ``local[*]`` request).
+
+The run's embedded cluster (``pipelines.spark_cluster``) authenticates its drivers: for its
+master the session gets ``spark.authenticate`` and the cluster's secret
+(``spark_cluster.secret_for``). The secret is set on the SparkConf through py4j once the gateway
+JVM runs (started first, with the other settings), never as a ``--conf`` of spark-submit's
+command line, which ``ps`` shows to every local user.
 """
 
 from __future__ import annotations
@@ -15,7 +21,6 @@ import os
 import sys
 
 from pipelines.paths import PROJECT_ROOT
-
 
 
 def spark_env() -> dict[str, str]:
@@ -81,4 +86,30 @@ def get_spark(master: str = "local[*]", app_name: str = "pipelines", conf: dict[
     )
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
+    secret = _embedded_secret(master)
+    if secret:
+        _start_gateway(builder)  # with the settings so far: the secret must not be on its command line
+        builder = builder.config("spark.authenticate", "true").config("spark.authenticate.secret", secret)
     return builder.getOrCreate()
+
+
+def _embedded_secret(master: str) -> str | None:
+    if not master.startswith("spark://"):
+        return None
+    from pipelines import spark_cluster
+
+    return spark_cluster.secret_for(master)
+
+
+def _start_gateway(builder) -> None:
+    """Launch pyspark's gateway JVM now (if none runs) with ``builder``'s settings as its
+    ``--conf`` options, as ``getOrCreate`` would: JVM-level ones (driver memory, extra Java
+    options) still apply, and settings added afterwards reach the JVM through py4j only."""
+    from pyspark import SparkConf, SparkContext
+
+    if SparkContext._gateway is not None:
+        return
+    conf = SparkConf()
+    for key, value in builder._options.items():
+        conf.set(key, value)
+    SparkContext._ensure_initialized(conf=conf)

@@ -15,6 +15,10 @@ GPUs in local mode; one GPU per executor task on a cluster, whose workers must a
 theirs with ``spark.worker.resource.gpu.amount`` + the same discovery script), found by
 ``backends/spark_gpu_discovery.sh`` (nvidia-smi; ``SPARK_GPU_DISCOVERY_SCRIPT`` names another),
 so TorchDistributor(use_gpu=True) accepts the task count and each rank gets its own GPU.
+
+Across launch hosts (``run_cell(..., hosts=...)``) the driver runs on the first host
+(``pipelines.spark_hosts``) and passes its cluster's master and the hosts' settings to
+``run_distributor``; ``platform_fields`` then says ``cluster-<k>-hosts``.
 """
 
 from __future__ import annotations
@@ -38,10 +42,11 @@ DISCOVERY_SCRIPT = Path(__file__).parent / "backends" / "spark_gpu_discovery.sh"
 TrainStep = Callable[[object, object, CellSpec, float], None]
 
 
-def distributor_settings(config: BenchmarkConfig, world_size: int, cuda: bool) -> dict:
-    """Keyword arguments for ``TorchDistributor`` (pure: testable without Spark)."""
-    return {"num_processes": world_size, "local_mode": config.engine("spark").master.startswith("local"),
-            "use_gpu": cuda}
+def distributor_settings(config: BenchmarkConfig, world_size: int, cuda: bool, master: str | None = None) -> dict:
+    """Keyword arguments for ``TorchDistributor`` (pure: testable without Spark); ``master``: the
+    URL the session uses when it is not the configured one (a cluster across hosts)."""
+    master = master or config.engine("spark").master
+    return {"num_processes": world_size, "local_mode": master.startswith("local"), "use_gpu": cuda}
 
 
 def gpu_conf(local_mode: bool, gpus: int, discovery_script: str | None = None) -> dict[str, str]:
@@ -84,18 +89,24 @@ def task_slots(spark, needed: int = 1, wait_s: float | None = None) -> int:
         time.sleep(0.5)
 
 
-def run_distributor(spec: CellSpec, launch_time: float, train: TrainStep) -> None:
+def run_distributor(spec: CellSpec, launch_time: float, train: TrainStep, master: str | None = None,
+                    conf: dict[str, str] | None = None) -> None:
     """Start the cell's own SparkSession, check the slots, ``train(spark, TorchDistributor(...),
     spec, launch_time)``, stop the session.
 
     A session of its own, started inside the timed window and stopped after it: the same
-    start-up cost whoever runs the cell (no reuse of the data stage's or a previous cell's)."""
+    start-up cost whoever runs the cell (no reuse of the data stage's or a previous cell's).
+    ``master`` / ``conf``: another master than the configured one and extra session settings
+    (the driver of a cell across hosts, ``pipelines.spark_hosts``)."""
     import torch
     from pyspark.ml.torch.distributor import TorchDistributor
 
-    settings = distributor_settings(spec.config, spec.world_size, torch.cuda.is_available())
-    conf = gpu_conf(settings["local_mode"], torch.cuda.device_count()) if settings["use_gpu"] else {}
-    master = master_url(spec.config, spec.paths)  # "embedded": the run's own standalone cluster
+    settings = distributor_settings(spec.config, spec.world_size, torch.cuda.is_available(), master=master)
+    gpus = gpu_conf(settings["local_mode"], torch.cuda.device_count()) if settings["use_gpu"] else {}
+    # the platform's own recovery: a failed (barrier) task is tried again (matrix.platform_retries)
+    retries = {"spark.task.maxFailures": str(spec.config.matrix.platform_retries + 1)}
+    conf = {**gpus, **retries, **(conf or {})}
+    master = master or master_url(spec.config, spec.paths)  # "embedded": the run's own standalone cluster
     spark = get_spark(master, app_name=f"train-{spec.cell_dir.name}", conf=conf, fresh=True)
     try:
         if not settings["local_mode"]:
@@ -106,8 +117,11 @@ def run_distributor(spec: CellSpec, launch_time: float, train: TrainStep) -> Non
         stop_spark()
 
 
-def platform_fields(spec: CellSpec) -> dict:
-    """A fresh session per cell; ``platform_mode`` local (torchrun on the driver) or cluster."""
+def platform_fields(spec: CellSpec, hosts: int | None = None) -> dict:
+    """A fresh session per cell; ``platform_mode`` local (torchrun on the driver), cluster, or
+    cluster-<k>-hosts (a standalone cluster built on ``hosts`` launch hosts: pipelines.spark_hosts)."""
+    if hosts:
+        return {"spark_session": "fresh", "platform_mode": f"cluster-{hosts}-hosts"}
     local = distributor_settings(spec.config, spec.world_size, cuda=False)["local_mode"]
     return {"spark_session": "fresh", "platform_mode": "local" if local else "cluster"}
 

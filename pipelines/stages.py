@@ -97,8 +97,8 @@ def data_stage(run_dir: str) -> dict:
     }
 
 
-def planned_cells(run_dir: str) -> list[tuple[str, str, int, int]]:
-    """Every (backend, strategy, workers, repeat) of the run (Backend is a str: JSON-friendly)."""
+def planned_cells(run_dir: str) -> list[tuple[str, str, str, int, int]]:
+    """Every (backend, strategy, network, workers, repeat) of the run (Backend is a str: JSON-friendly)."""
     config, _ = _load(run_dir)
     return config.cells()
 
@@ -118,10 +118,13 @@ def completed_result(cell: CellPaths):
 
 
 def train_cell(run_dir: str, backend: str, workers: int, repeat: int = 0,
-               node_rank: int | None = None, force: bool = False, strategy: str = DEFAULT_STRATEGY) -> dict:
-    """Train one (backend, strategy, workers, repeat) cell; writes cells/<cell>/result.json.
+               node_rank: int | None = None, force: bool = False, strategy: str = DEFAULT_STRATEGY,
+               network: str | None = None) -> dict:
+    """Train one (backend, strategy, network, workers, repeat) cell; writes cells/<cell>/result.json.
 
-    ``strategy``: the name of one of the run's ``strategies`` (``"default"``, ``"powersgd-r2"``).
+    ``strategy``: the name of one of the run's ``strategies`` (``"default"``, ``"powersgd-r2"``);
+    ``network``: one of the run's networks (None = its first): on a cluster the cell's ranks run on
+    its hosts (``pipelines.cluster.lifecycle``) with the links shaped to it.
     A failed cell is trained again up to ``matrix.cell_retries`` times, each retry resuming from
     its last checkpoint: the one retry policy of the CLI and the DAG. A signal (SIGTERM, Ctrl-C)
     is never retried.
@@ -133,7 +136,10 @@ def train_cell(run_dir: str, backend: str, workers: int, repeat: int = 0,
     """
     config, paths = _load(run_dir)
     config.strategy(strategy)  # a name the run does not have is refused before anything happens
-    cell = paths.cell(backend, workers, repeat, strategy)
+    network = network or config.networks()[0]
+    if network not in config.networks():
+        raise ValueError(f"network {network!r} is not one of this run's networks ({', '.join(config.networks())})")
+    cell = paths.cell(backend, workers, repeat, strategy, network)
     if force:
         shutil.rmtree(cell.root, ignore_errors=True)
     elif (done := completed_result(cell)) is not None:
@@ -144,7 +150,7 @@ def train_cell(run_dir: str, backend: str, workers: int, repeat: int = 0,
     retries = config.matrix.cell_retries
     for tries in range(retries + 1):
         try:
-            result = _train_once(config, paths, backend, workers, repeat, strategy)
+            result = _train_once(config, paths, backend, workers, repeat, strategy, network)
             break
         except Exception as err:  # CellTerminated (a signal) is a BaseException: never retried
             if tries == retries:
@@ -157,27 +163,30 @@ def train_cell(run_dir: str, backend: str, workers: int, repeat: int = 0,
 
 
 def _train_once(config: BenchmarkConfig, paths: RunPaths, backend: str, workers: int, repeat: int,
-                strategy: str):
+                strategy: str, network: str):
     from pipelines.backends import run_cell
+    from pipelines.cluster.lifecycle import hosts_for_cell
     from pipelines.signals import terminate_tree_on_signal
     from pipelines.tracking import cell_tracking
 
+    hosts = hosts_for_cell(paths, config, workers, network)
+    where = {"hosts": hosts, "network": network, "cluster": config.cluster.kind}
     with terminate_tree_on_signal():  # SIGTERM/SIGINT: no orphan keeps training, the cell fails
         if config.engine("ddp").node_rank > 0:  # node 0 tracks the cell; other nodes only lend processes
-            return run_cell(config, paths, backend, workers, repeat, strategy)
-        with cell_tracking(config, paths, backend, workers, repeat, strategy):
-            return run_cell(config, paths, backend, workers, repeat, strategy)
+            return run_cell(config, paths, backend, workers, repeat, strategy, **where)
+        with cell_tracking(config, paths, backend, workers, repeat, strategy, network):
+            return run_cell(config, paths, backend, workers, repeat, strategy, **where)
 
 
 def train_cells(run_dir: str, force: bool = False) -> list[str]:
     """Every planned cell of the run in order, each with ``train_cell``'s retries; a cell that
     still fails is recorded (result.json) and the others go on. Returns the failed cells' names."""
     failed = []
-    for backend, strategy, workers, repeat in planned_cells(run_dir):
+    for backend, strategy, network, workers, repeat in planned_cells(run_dir):
         try:
-            train_cell(run_dir, backend, workers, repeat, force=force, strategy=strategy)
+            train_cell(run_dir, backend, workers, repeat, force=force, strategy=strategy, network=network)
         except Exception as err:
-            name = cell_name(backend, workers, repeat, strategy)
+            name = cell_name(backend, workers, repeat, strategy, network)
             log.error("cell %s failed: %s", name, err)
             failed.append(name)
     return failed

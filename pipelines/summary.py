@@ -37,11 +37,14 @@ class Interval(BaseModel):
 
 
 class CellRow(BaseModel):
-    """One cell (backend, workers, repeat); failed cells carry only the first fields + error."""
+    """One cell (backend, strategy, network, workers, repeat); failed cells carry only the first
+    fields + error."""
 
     cell: str
     backend: Backend
     strategy: str = "default"  # pipelines.config.TrainingStrategy.name
+    network: str = "local"  # CellResult.network: "local" (one host) or the hosts' link ("1gbit", ...)
+    cluster: str = "local"  # CellResult.cluster: "local" | "emulated" | "ssh"
     workers: int
     repeat: int
     status: Literal["ok", "failed"]
@@ -72,17 +75,34 @@ class CellRow(BaseModel):
     window_end: float | None = None
     phases: dict[str, float] = Field(default_factory=dict)  # CellResult.phases
     comm_bytes_per_step: float | None = None  # CellResult.comm_bytes_per_step
+    link_bytes_per_step: float | None = None  # CellResult.link_bytes_per_step (across hosts)
+    epoch_seconds: float | None = None  # median over the cell's epochs of epoch_seconds
+    communication_seconds: float | None = None  # phases["communication"]
     recall_per_class: list[float] = Field(default_factory=list)  # test recall of label 0..K-1
+    # what the cell's processes used (CellResult.resources; None: not measured) and its cost from the
+    # price sheet (pipelines.evaluation.resource_cost)
+    cpu_seconds: float | None = None
+    cpu_utilisation: float | None = None
+    peak_rss_mb: float | None = None
+    ranks_peak_rss_mb: float | None = None
+    platform_peak_rss_mb: float | None = None
+    cost: float | None = None
 
 
 class Aggregate(BaseModel):
-    """Statistics over the repeats of one (backend, strategy, workers)."""
+    """Statistics over the repeats of one (backend, strategy, network, workers)."""
 
-    key: str  # "<backend>-w<N>" (default strategy) or "<backend>-<strategy>-w<N>"
+    # "<backend>[-<strategy>][-<network>]-w<N>": strategy only if not default, network only if not local
+    key: str
     backend: Backend
     strategy: str = "default"
+    network: str = "local"
+    cluster: str | None = None  # the cells' cluster kind (joined with "/" if they differ)
     workers: int
     comm_bytes_per_step: float | None = None  # median over the repeats
+    link_bytes_per_step: float | None = None  # median over the repeats (all hosts' tx / steps)
+    epoch_seconds: float | None = None  # median over the repeats of the cells' median epoch time
+    communication_seconds: float | None = None  # median over the repeats of the communication phase
     recall_per_class: list[float] = Field(default_factory=list)  # median test recall per label
     repeats: int
     repeats_ok: int
@@ -104,12 +124,26 @@ class Aggregate(BaseModel):
     time_to_target_seconds: float | None = None  # median over the repeats that reached it
     reached_target: int = 0
     worker_hours: float | None = None
-    estimated_cost: float | None = None
+    estimated_cost: float | None = None  # worker-hours x price_per_worker_hour
+    cost: float | None = None  # median over the repeats of the cells' cost (price sheet)
+    cpu_seconds: float | None = None  # median over the repeats
+    peak_rss_mb_max: float | None = None  # the largest over the repeats
     speedup: float | None = None  # t(1 worker) / t(N) on training time
     scaling_efficiency: float | None = None  # t(1) / (N * t(N))
     overhead_vs_ddp_total: float | None = None  # (t - t_ddp) / t_ddp at the same worker count
     overhead_vs_ddp_training: float | None = None
     phases: dict[str, float] = Field(default_factory=dict)  # per phase, median over the repeats
+
+
+class PriceSheet(BaseModel):
+    """What a cell's cost is priced from (``config.tracking``): USD per vCPU-hour, per GB-hour of
+    memory, per GPU-hour, per worker-hour (the older estimate), and where these prices come from."""
+
+    per_cpu_hour: float = 0.0
+    per_gb_hour: float = 0.0
+    per_gpu_hour: float = 0.0
+    per_worker_hour: float = 0.0
+    source: str = ""
 
 
 class FailedCell(BaseModel):
@@ -132,11 +166,14 @@ class RunSummary(BaseModel):
     run: str
     profile: str
     fingerprint: str = ""  # BenchmarkConfig.fingerprint(): runs compare only within one
+    cluster: str = "local"  # BenchmarkConfig.cluster.kind: where the cells ran
+    networks: list[str] = Field(default_factory=lambda: ["local"])  # BenchmarkConfig.networks()
     batch_policy: str = "per_worker"
     lr_scaling: str = "none"
     status: Literal["success", "failed"]
     target_accuracy: float
     price_per_worker_hour: float
+    price_sheet: PriceSheet = Field(default_factory=PriceSheet)
     dataset: dict[str, Any] | None = None  # the snapshot manifest
     model_sources: list[str] = Field(default_factory=list)
     hardware: Hardware = Field(default_factory=Hardware)
@@ -144,6 +181,7 @@ class RunSummary(BaseModel):
     aggregates: list[Aggregate] = Field(default_factory=list)
     failed: list[FailedCell] = Field(default_factory=list)
     estimated_cost_total: float = 0.0
+    cost_total: float | None = None  # sum of the cells' cost (price sheet); None: no cell measured
 
     def write(self, paths: RunPaths) -> None:
         atomic_write_text(paths.summary, self.model_dump_json(indent=2))

@@ -76,9 +76,9 @@ def log_benchmark(config: BenchmarkConfig, paths: RunPaths) -> dict[str, Any]:
     _, parent_id = ensure_parent_run(client, config, paths)
 
     cell_ids: dict[str, str] = {}
-    for backend, strategy, workers, repeat in config.cells():
-        cell = paths.cell(backend, workers, repeat, strategy)
-        run_id = ensure_cell_run(client, config, paths, backend, workers, repeat, strategy)
+    for backend, strategy, network, workers, repeat in config.cells():
+        cell = paths.cell(backend, workers, repeat, strategy, network)
+        run_id = ensure_cell_run(client, config, paths, backend, workers, repeat, strategy, network)
         cell_ids[cell.name] = run_id
         try:
             result = log_cell_result(client, run_id, cell)

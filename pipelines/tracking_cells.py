@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Iterator
 
 from pipelines.config import Backend, BenchmarkConfig
-from pipelines.paths import DEFAULT_STRATEGY, CellPaths, RunPaths
+from pipelines.paths import DEFAULT_NETWORK, DEFAULT_STRATEGY, CellPaths, RunPaths
+from pipelines.resources import RESOURCES_FILE, read_timeline
 from pipelines.results import CellResult
 from pipelines.tracking_store import (TAG_LOGGED, TAG_ROLE, _git_commit, _live_run, _params, _read_ids,
                                       _sha256, _version, _write_ids, client_for, ensure_parent_run)
@@ -23,11 +24,12 @@ SYSTEM_METRICS_INTERVAL_S = 2  # short cells still get a few samples
 
 
 def ensure_cell_run(client, config: BenchmarkConfig, paths: RunPaths, backend: Backend,
-                    workers: int, repeat: int, strategy: str = DEFAULT_STRATEGY) -> str:
+                    workers: int, repeat: int, strategy: str = DEFAULT_STRATEGY,
+                    network: str = DEFAULT_NETWORK) -> str:
     """The nested run of one cell (reused across retries and re-logging)."""
     exp_id, parent_id = ensure_parent_run(client, config, paths)
     uri = config.resolved_tracking_uri()
-    cell = paths.cell(backend, workers, repeat, strategy)
+    cell = paths.cell(backend, workers, repeat, strategy, network)
     ids = _read_ids(cell.mlflow_run)
     entry = ids.get(uri, {})
     if entry.get("parent_run_id") == parent_id and _live_run(client, entry.get("run_id")):
@@ -36,7 +38,7 @@ def ensure_cell_run(client, config: BenchmarkConfig, paths: RunPaths, backend: B
     run = client.create_run(exp_id, run_name=cell.name, tags={
         "mlflow.parentRunId": parent_id, TAG_ROLE: "cell", "profile": config.profile,
         "backend": str(backend), "workers": str(workers), "repeat": str(repeat), "strategy": strategy,
-        "host": socket.gethostname(), "git_commit": _git_commit(),
+        "network": network, "cluster": config.cluster.kind, "host": socket.gethostname(), "git_commit": _git_commit(),
         "torch_version": _version("torch"), "transformers_version": _version("transformers"),
     })
     client.log_batch(run.info.run_id, params=_params({
@@ -45,7 +47,7 @@ def ensure_cell_run(client, config: BenchmarkConfig, paths: RunPaths, backend: B
         "learning_rate": config.training.learning_rate, "max_seq_len": config.data.max_seq_len,
         "seed": config.training.seed, "train_samples": config.data.train_samples,
         "test_samples": config.data.test_samples, "threads_per_worker": config.training.threads_per_worker,
-        "model": config.training.model_source,
+        "model": config.training.model_source, "network": network, "cluster": config.cluster.kind,
     }))
     ids[uri] = {"run_id": run.info.run_id, "parent_run_id": parent_id, "experiment_id": exp_id}
     _write_ids(cell.mlflow_run, ids)
@@ -61,6 +63,31 @@ def _checkpoint(result: CellResult, cell: CellPaths) -> Path | None:
             return candidate
     log.warning("checkpoint %s of %s not found; model artifact skipped", path, cell.name)
     return None
+
+
+def resource_metrics(result: CellResult, cell: CellPaths, now: int) -> list:
+    """What the cell's processes used (``CellResult.resources``) as ``resources.*`` metrics (per host:
+    ``resources.<host>.*``), and its timeline as step series (step = sample index, timestamp = when it
+    was taken): ``resources.{ranks,platform}_{cpu_percent,rss_mb}`` [, ``resources.gpu_*``]. MLflow's
+    own system metrics (``system/*``, the whole machine) are logged beside them by ``cell_tracking``."""
+    from mlflow.entities import Metric
+
+    usage = result.resources
+    if usage is None:
+        return []
+    figures = {k: v for k, v in usage.model_dump(exclude={"per_host", "notes", "source"}).items()
+               if isinstance(v, int | float) and not isinstance(v, bool)}
+    kinds = usage.platform_processes
+    figures.update({f"platform_processes.{kind}_peak_rss_mb": mb for kind, mb in kinds.items()})
+    for host, part in usage.per_host.items():
+        figures.update({f"{host}.{k}": v for k, v in part.model_dump(exclude={"platform_processes"}).items()
+                        if isinstance(v, int | float) and not isinstance(v, bool)})
+    out = [Metric(f"resources.{k}", float(v), now, 0) for k, v in figures.items() if k != "started"]
+    for step, row in enumerate(read_timeline(cell.root)):
+        stamp = int((usage.started + row.get("t", 0.0)) * 1000)
+        out += [Metric(f"resources.{k}", float(v), stamp, step) for k, v in row.items()
+                if k != "t" and isinstance(v, int | float)]
+    return out
 
 
 def log_cell_result(client, run_id: str, cell: CellPaths) -> CellResult | None:
@@ -92,8 +119,11 @@ def log_cell_result(client, run_id: str, cell: CellPaths) -> CellResult | None:
     final.update({f"phase_{name}_seconds": seconds for name, seconds in result.phases.items()})
     if result.comm_bytes_per_step is not None:
         final["comm_bytes_per_step"] = result.comm_bytes_per_step
-    metrics += [Metric(k, float(v), now, 0) for k, v in final.items()]
-    tags = {"device": result.device, "strategy": result.strategy, "model_source": result.model_source or "unknown",
+    if result.link_bytes_per_step is not None:  # across hosts: all links' tx bytes / steps trained
+        final["link_bytes_per_step"] = result.link_bytes_per_step
+    metrics += [Metric(k, float(v), now, 0) for k, v in final.items()] + resource_metrics(result, cell, now)
+    tags = {"device": result.device, "strategy": result.strategy, "network": result.network,
+            "cluster": result.cluster, "model_source": result.model_source or "unknown",
             "cell_status": result.status, "resumed_from_epoch": str(result.resumed_from_epoch),
             **{f"version.{k}": v for k, v in result.versions.items()}}
     if result.host:
@@ -108,6 +138,8 @@ def log_cell_result(client, run_id: str, cell: CellPaths) -> CellResult | None:
         client.log_batch(run_id, metrics=metrics[i:i + 1000])
     client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
     client.log_artifact(run_id, str(result_file), artifact_path="result")
+    if (cell.root / RESOURCES_FILE).exists():  # the usage and its timeline (pipelines.resources)
+        client.log_artifact(run_id, str(cell.root / RESOURCES_FILE), artifact_path="result")
     if cell.tensorboard.is_dir():  # pipelines.tensorboard: `tensorboard --logdir` on the download
         client.log_artifacts(run_id, str(cell.tensorboard), artifact_path="tensorboard")
     model_dir = Path(result.model_path) if result.model_path else None
@@ -127,18 +159,19 @@ def log_cell_result(client, run_id: str, cell: CellPaths) -> CellResult | None:
 
 @contextlib.contextmanager
 def cell_tracking(config: BenchmarkConfig, paths: RunPaths, backend: Backend, workers: int,
-                  repeat: int = 0, strategy: str = DEFAULT_STRATEGY) -> Iterator[str | None]:
+                  repeat: int = 0, strategy: str = DEFAULT_STRATEGY,
+                  network: str = DEFAULT_NETWORK) -> Iterator[str | None]:
     """Wrap the training of one cell; yields the nested run id (None if tracking is off)."""
     import mlflow
 
-    cell = paths.cell(backend, workers, repeat, strategy)
+    cell = paths.cell(backend, workers, repeat, strategy, network)
     client, run_id = None, None
     # mlflow.set_tracking_uri exports MLFLOW_TRACKING_URI to the process: put it back after,
     # so this cell's store never becomes the default of configs built later in the process.
     previous_env = os.environ.get("MLFLOW_TRACKING_URI")
     try:
         client = client_for(config)
-        run_id = ensure_cell_run(client, config, paths, backend, workers, repeat, strategy)
+        run_id = ensure_cell_run(client, config, paths, backend, workers, repeat, strategy, network)
         mlflow.set_tracking_uri(config.resolved_tracking_uri())
         mlflow.set_system_metrics_sampling_interval(SYSTEM_METRICS_INTERVAL_S)
         # resuming the run we created keeps its parent tag; a retry reuses the same run

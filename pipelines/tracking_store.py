@@ -1,5 +1,13 @@
 """MLflow store access shared by the tracking modules: the tags, the id files kept in the run
-folder, the client and experiment, and the one parent run per benchmark run folder."""
+folder, the client and experiment, and the one parent run per benchmark run folder.
+
+A deployment that names its experiment (``BENCHMARK_MLFLOW_EXPERIMENT``: the compose stack's
+workers log as a user with edit rights on that experiment alone, created by its mlflow-init
+step) is never asked to create one: a run whose ``tracking.mlflow_experiment`` names another
+experiment, or a missing deployment experiment, fails the tracking step with
+``ExperimentNotAllowed`` saying so. Without that variable a missing experiment is created, as
+on a local SQLite store.
+"""
 
 from __future__ import annotations
 
@@ -37,8 +45,15 @@ def run_started_at(paths: RunPaths) -> float:
     return paths.config.stat().st_mtime
 
 
+DEPLOYED_EXPERIMENT_ENV = "BENCHMARK_MLFLOW_EXPERIMENT"  # the one experiment a deployment allows
+
+
 class TrackingUnavailable(RuntimeError):
     """The MLflow tracking store cannot be reached or used."""
+
+
+class ExperimentNotAllowed(TrackingUnavailable):
+    """The run names an experiment the deployment does not provide (it is never created)."""
 
 
 # --- small helpers -------------------------------------------------------------------------
@@ -126,10 +141,31 @@ def _artifact_location(config: BenchmarkConfig) -> str | None:
     return (Path(config.tracking.output_root).resolve() / "mlartifacts").as_uri()
 
 
+def deployed_experiment() -> str | None:
+    """The experiment the deployment provides (``BENCHMARK_MLFLOW_EXPERIMENT``), if it names one."""
+    return os.environ.get(DEPLOYED_EXPERIMENT_ENV) or None
+
+
+def _check_allowed(config: BenchmarkConfig) -> str | None:
+    deployed, wanted = deployed_experiment(), config.tracking.mlflow_experiment
+    if deployed and wanted != deployed:
+        raise ExperimentNotAllowed(
+            f"tracking.mlflow_experiment={wanted!r}, but this deployment logs to the experiment "
+            f"{deployed!r} only ({DEPLOYED_EXPERIMENT_ENV}); experiments are not created from a run: "
+            f"trigger without tracking.mlflow_experiment, or set it to {deployed!r}")
+    return deployed
+
+
 def experiment_id(client, config: BenchmarkConfig) -> str:
     from mlflow.exceptions import MlflowException
 
+    deployed = _check_allowed(config)
     exp = client.get_experiment_by_name(config.tracking.mlflow_experiment)
+    if exp is None and deployed:
+        raise ExperimentNotAllowed(
+            f"the deployment's MLflow experiment {deployed!r} does not exist on "
+            f"{config.resolved_tracking_uri()}: it is created when the stack starts (the mlflow-init "
+            "service, docker/mlflow_init.py), not by a run")
     if exp is None:
         try:
             return client.create_experiment(config.tracking.mlflow_experiment,
@@ -171,6 +207,7 @@ def parent_run_id(config: BenchmarkConfig, paths: RunPaths) -> str | None:
 
 def ensure_parent_run(client, config: BenchmarkConfig, paths: RunPaths) -> tuple[str, str]:
     """(experiment_id, parent_run_id); creates the parent once per run folder and store."""
+    _check_allowed(config)
     uri = config.resolved_tracking_uri()
     with _locked(paths.mlflow_parent.with_name(paths.mlflow_parent.name + ".lock")):
         ids = _read_ids(paths.mlflow_parent)

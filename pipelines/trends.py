@@ -55,7 +55,8 @@ METRICS = (
 def _series_label(agg: dict[str, Any]) -> str:
     workers = agg.get("workers")
     strategy = f" ({agg['strategy']})" if agg.get("strategy") not in (None, "", "default") else ""
-    return f"{agg.get('backend')}{strategy}, {workers} worker{'s' if workers != 1 else ''}"
+    network = f" over {agg['network']}" if agg.get("network") not in (None, "", "local") else ""
+    return f"{agg.get('backend')}{strategy}, {workers} worker{'s' if workers != 1 else ''}{network}"
 
 
 def _band(metric: str, kind: str | None, scale: float, reg: dict[str, Any] | None, key: str):
@@ -72,9 +73,23 @@ def _band(metric: str, kind: str | None, scale: float, reg: dict[str, Any] | Non
     return None
 
 
+def _network_order(agg: dict[str, Any]) -> tuple[int, float]:
+    """Local first, then the links fastest first (unshaped, 10gbit, 1gbit, 100mbit), unknown last."""
+    from pipelines.cluster.emulated import NetworkSpec
+
+    network = agg.get("network") or "local"
+    if network == "local":
+        return (0, 0.0)
+    try:
+        bits = NetworkSpec.parse(network).bits_per_second
+    except ValueError:
+        return (2, 0.0)
+    return (1, -float(bits if bits is not None else float("inf")))
+
+
 def trend_series(runs: list[RunRecord], profile: str, window_days: int | None = None,
                  now: datetime | None = None) -> dict[str, Any]:
-    """Per (backend, strategy, workers): each metric over the profile's evaluated runs, oldest first,
+    """Per (backend, strategy, network, workers): each metric over the profile's evaluated runs, oldest first,
     with the regression band each run was judged against, its alarms and failed cells.
 
     Per series and metric: ``values`` aligned with ``runs`` (None where a run has no value, 5
@@ -92,12 +107,14 @@ def trend_series(runs: list[RunRecord], profile: str, window_days: int | None = 
             keys.setdefault(key, agg)
     place = {name: i for i, name in enumerate(platforms.names())}  # the registry's order, ddp first
     ordered = sorted(keys, key=lambda k: (place.get(keys[k]["backend"], len(place)), str(keys[k]["backend"]),
-                                          str(keys[k].get("strategy") or ""), keys[k]["workers"] or 0))
+                                          str(keys[k].get("strategy") or ""), _network_order(keys[k]),
+                                          keys[k]["workers"] or 0))
     series = []
     for key in ordered:
         agg0 = keys[key]
         out: dict[str, Any] = {"key": key, "label": _series_label(agg0), "backend": agg0["backend"],
-                               "strategy": agg0.get("strategy"), "workers": agg0["workers"], "metrics": {}}
+                               "strategy": agg0.get("strategy"), "network": agg0.get("network") or "local",
+                               "workers": agg0["workers"], "metrics": {}}
         for metric, _, _, _, scale, band_kind in METRICS:
             if metric == "overhead_vs_ddp_total" and agg0["backend"] == "ddp":
                 continue  # DDP is the reference: always 0

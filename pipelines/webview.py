@@ -5,10 +5,15 @@ through the cached index of ``pipelines.trends`` and renders server-side HTML (J
 in ``pipelines/templates/``); the trend charts are drawn in the browser by Chart.js, vendored in
 ``plugins/static/chartjs/`` (see its README) with the page's own ``plugins/static/benchmarks.js``.
 Airflow mounts the app through ``plugins/benchmarks_plugin.py`` at ``/benchmarks`` behind
-Airflow's login; this module never imports Airflow: the caller passes the authentication
-dependency.
+Airflow's login and the benchmark DAG's read permission; this module never imports Airflow: the
+caller passes the access dependency.
 
     app = create_app(auth=some_fastapi_dependency)   # every route requires it
+
+HTML views carry ``PAGE_CSP`` (scripts from ``/static`` only: no inline script or handler, no
+plugins, no <base>, framed by the same origin only); report files carry ``REPORT_HEADERS``
+(sandboxed). Text from run folders is escaped by the templates (Jinja autoescape, ``tojson``
+for the chart data) and only reaches the DOM as text in ``benchmarks.js``.
 
 Routes (relative to the mount point):
     GET /  (or /trends)   trends per (backend, strategy, workers) of one profile:
@@ -46,8 +51,8 @@ from pipelines.webview_data import (CELL_COLUMNS, DEFAULT_WINDOW, INDEX, STATIC_
                                     report_file, static_file, summary_scalars, summary_tables,
                                     trends_data)
 
-__all__ = ["create_app", "list_runs", "load_run", "mlflow_links", "render_page", "render_trends",
-           "render_compare", "report_file", "latest_per_profile",
+__all__ = ["PAGE_CSP", "create_app", "list_runs", "load_run", "mlflow_links", "relay_allow_list", "render_page",
+           "render_trends", "render_compare", "report_file", "latest_per_profile",
            # defined in pipelines.webview_data, importable from here as before
            "CELL_COLUMNS", "DEFAULT_WINDOW", "INDEX", "STATIC_DIR", "NotFound", "RunInfo", "output_root",
            "static_file", "summary_scalars", "summary_tables", "trends_data"]
@@ -57,6 +62,12 @@ REPORT_HEADERS = {
     "Content-Security-Policy": "sandbox; default-src 'none'; img-src data: 'self'; style-src 'unsafe-inline'",
     "X-Content-Type-Options": "nosniff",
 }
+# The page's own views: scripts only from its static folder (Chart.js, benchmarks.js; no inline
+# script or handler runs), no plugins, no <base>, framed only by Airflow's UI (same origin).
+PAGE_CSP = ("default-src 'self'; script-src 'self'; object-src 'none'; base-uri 'none'; "
+            "frame-ancestors 'self'; form-action 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'")
+PAGE_HEADERS = {"Content-Security-Policy": PAGE_CSP, "X-Content-Type-Options": "nosniff",
+                "Referrer-Policy": "same-origin"}
 WINDOW_LABELS = {"7d": "in the last 7 days", "30d": "in the last 30 days", "90d": "in the last 90 days",
                  "365d": "in the last year", "all": "all time"}
 
@@ -74,7 +85,8 @@ def _templates():
     from jinja2 import Environment, FileSystemLoader
 
     env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=True)
-    env.globals.update(fmt=fmt, mlflow_links=mlflow_links)
+    env.globals.update(fmt=fmt, mlflow_links=mlflow_links, relay_allow_list=relay_allow_list,
+                       static_version=_static_version)
     return env
 
 
@@ -88,6 +100,16 @@ def _static_version(name: str) -> str:
 def _airflow_ui_url() -> str:
     # Relative to /benchmarks/<page>: right wherever Airflow serves the page (any base path).
     return os.environ.get("AIRFLOW_UI_URL", "..")
+
+
+def relay_allow_list() -> list[str]:
+    """URL prefixes the page's click relay (plugins/static/benchmarks.js) may open from Airflow's
+    window, in the page as JSON (<script id="link-relay">): the page's own folder ("./"), the
+    Airflow UI (AIRFLOW_UI_URL; default "..": the origin's root, where Airflow serves it) and the
+    MLflow UI (MLFLOW_UI_URL, when set). Relative ones resolve against the page's URL; only http(s)
+    links under one of them are relayed."""
+    mlflow = os.environ.get("MLFLOW_UI_URL", "").strip()
+    return ["./", _airflow_ui_url(), *([mlflow] if mlflow else [])]
 
 
 def render_page(root: Path, selected: str | None = None, mlflow_ui_url: str | None = None) -> str:
@@ -134,7 +156,6 @@ def render_trends(root: Path, profile: str | None = None, window: str = DEFAULT_
         time_limit=fmt(config.get("regression_time_threshold", 0.25) * 100),
         drop_limit=fmt(config.get("regression_accuracy_drop", 0.05) * 100),
         chartjs_version=_static_version("chartjs/chart.umd.min.js"),
-        js_version=_static_version("benchmarks.js"),
     )
 
 
@@ -216,7 +237,7 @@ def create_app(auth: Callable[..., Any], root: Path | None = None):
 
     def _html(render: Callable[[], str]) -> HTMLResponse:
         try:
-            return HTMLResponse(render())
+            return HTMLResponse(render(), headers=PAGE_HEADERS)
         except NotFound as err:
             raise HTTPException(status_code=404, detail=str(err)) from None
 

@@ -3,6 +3,7 @@ the trends data (also /api/trends), and the safe lookup of report and static fil
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -45,6 +46,7 @@ class RunInfo:
     mlflow: dict[str, Any] = field(default_factory=dict)
     regression: dict[str, Any] | None = None
     dag_run: dict[str, Any] | None = None
+    verdict: dict[str, Any] | None = None  # report/verdict.json: what the run found, shown first
     errors: list[str] = field(default_factory=list)
 
     @property
@@ -80,7 +82,34 @@ def load_run(root: Path) -> RunInfo:
     if paths.report.is_dir():
         info.plots = sorted(p.name for p in paths.report.glob("*.png"))
         info.has_html_report = (paths.report / "report.html").is_file()
+        info.verdict = read_verdict(paths, info.errors, info.regression)
     return info
+
+
+def read_verdict(paths: RunPaths, errors: list[str],
+                 regression: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """report/verdict.json as the report wrote it (pipelines.report.verdict): ``lead``, ``findings``
+    (``kind``, ``text``), ``chart``; None if absent (a report from before verdicts); a file of
+    another shape is an error shown on the page, not a crash. The regression check runs after the
+    report: its outcome (``regression``: regression.json) is added when the file has none."""
+    from pipelines.report.verdict import VERDICT_FILE, regression_finding
+
+    path = paths.report / VERDICT_FILE
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        findings = [{"kind": "".join(c for c in str(f.get("kind", "")) if c.isalpha()),
+                     "text": str(f["text"])} for f in data["findings"]]
+        chart = data.get("chart")
+        shown = isinstance(chart, str) and Path(chart).name == chart and (paths.report / chart).is_file()
+        checked = regression_finding(regression)
+        if checked and not any(f["kind"] in ("regression", "regressed") for f in findings):
+            findings.append(checked)
+        return {"lead": str(data.get("lead") or ""), "findings": findings, "chart": chart if shown else None}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as err:
+        errors.append(f"{VERDICT_FILE}: unreadable ({type(err).__name__}: {err})")
+        return None
 
 
 def list_runs(root: Path | None = None) -> list[RunRecord]:

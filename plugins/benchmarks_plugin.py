@@ -4,7 +4,10 @@ Mounts the FastAPI app of ``pipelines.webview`` on Airflow's API server at ``/be
 adds a "Benchmarks" entry to the UI's navigation that shows the page inside the Airflow UI
 (``/plugin/benchmarks``). Every route requires Airflow's login: the JWT of the auth manager,
 from the ``_token`` cookie the UI sets at login or an ``Authorization: Bearer`` header
-(no credential -> 401, an invalid one -> 403).
+(no credential -> 401, an invalid one -> 403), and read permission on the benchmark DAG
+(``imdb_benchmark``; the page shows its runs): Airflow's own ``requires_access_dag("GET")``
+asks the configured auth manager (``is_authorized_dag`` with the DAG's details, its team
+included), a user without it gets 403. Airflow does not protect plugin apps itself.
 
 Reads env BENCHMARK_OUTPUT_ROOT (default ``<project>/runs``) and MLFLOW_UI_URL; see
 pipelines/webview.py. Airflow loads this file from its plugins folder
@@ -14,14 +17,16 @@ pipelines/webview.py. Airflow loads this file from its plugins folder
 
 from __future__ import annotations
 
-from airflow.api_fastapi.core_api.security import requires_authenticated
+from airflow.api_fastapi.core_api.security import requires_access_dag
 from airflow.plugins_manager import AirflowPlugin
 
 from pipelines.webview import create_app  # the page logic; `pipelines` is installed with Airflow
 
 URL_PREFIX = "/benchmarks"
+DAG_ID = "imdb_benchmark"  # dags/imdb_benchmark.py: the DAG whose runs the page shows
 
-app = create_app(auth=requires_authenticated())
+# login (401/403 as Airflow's API) + DAG read permission on DAG_ID (403 "Forbidden")
+app = create_app(auth=requires_access_dag(method="GET", param_dag_id=DAG_ID))
 
 
 class BenchmarksPlugin(AirflowPlugin):

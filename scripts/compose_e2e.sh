@@ -19,7 +19,7 @@
 #          with it. There: `docker compose up -d --wait` with 2 Celery workers, then
 #          tests/compose/stack_driver.py (pool, trigger imdb_benchmark with {"profile": "smoke"}:
 #          the Celery workers' BENCHMARK_SPARK_MASTER puts its Spark jobs on the stack's master;
-#          wait, evidence (a)-(e) -> ARTIFACTS_DIR/result.json, evidence.txt), then
+#          wait, evidence (a)-(g) -> ARTIFACTS_DIR/result.json, evidence.txt), then
 #          `docker compose down -v` and dockerd stopped -- by an EXIT trap, so also on failure.
 # The stack gets freshly generated secrets (docker/make_env.sh); nothing is pulled from a
 # registry; the Docker data root ($STATE_DIR/docker: images, build cache with pip's downloads)
@@ -204,11 +204,11 @@ timing deps "$t"
 stop_dockerd
 
 # base + build (dockerd on the host network: Unix socket only, no bridge, no iptables) --------
-{ bash "$ROOT/docker/make_env.sh"
-  # Sized for a 2-core test machine: one API/MLflow worker process, 2 training slots.
-  echo "AIRFLOW_API_WORKERS=1"; echo "MLFLOW_WORKERS=1"; echo "BENCHMARK_TRAINING_SLOTS=2"
-} > "$ART/.stack.env"
-chmod 600 "$ART/.stack.env"
+# Fresh secrets for every run, written 0600 from the first byte (make_env.sh's umask).
+rm -f "$ART/.stack.env"
+bash "$ROOT/docker/make_env.sh" "$ART/.stack.env" 2>/dev/null
+# Sized for a 2-core test machine: one API/MLflow worker process, 2 training slots.
+printf 'AIRFLOW_API_WORKERS=1\nMLFLOW_WORKERS=1\nBENCHMARK_TRAINING_SLOTS=2\n' >> "$ART/.stack.env"
 # Whatever happens from here: no dockerd of ours left, no secrets or staged wheels left behind.
 trap 'stop_dockerd; rm -f "$ART/.stack.env" "$ROOT"/docker/wheels/*.whl' EXIT
 start_dockerd "$ART/dockerd-build.log" --iptables=false --bridge=none

@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # System packages: Java 17 (Spark) for every run; the tests also need Debian's Chromium
-# (browser e2e tests).  `bash scripts/system_deps.sh --smoke`: only what the smoke run needs.
+# (browser e2e tests) and OpenSSH, client and server (pipelines.cluster.ssh: hosts reached over
+# ssh; its test runs sshd inside emulated hosts; Debian's policy-rc.d / no init keeps the
+# package's own sshd service from starting).  `bash scripts/system_deps.sh --smoke`: only what
+# the smoke run needs.
 set -euo pipefail
 missing=()
 command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
 [ "${1:-}" = "--smoke" ] || command -v chromium >/dev/null || missing+=(chromium)
+[ "${1:-}" = "--smoke" ] || command -v ssh >/dev/null || missing+=(openssh-client)
+[ "${1:-}" = "--smoke" ] || [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
 command -v unshare >/dev/null || missing+=(util-linux)
 command -v ip >/dev/null || missing+=(iproute2)
 if [ ${#missing[@]} -gt 0 ]; then
@@ -12,4 +17,4 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
-echo "system deps ok: $(java -version 2>&1 | head -1); $(chromium --version 2>/dev/null)"
+echo "system deps ok: $(java -version 2>&1 | head -1); $(chromium --version 2>/dev/null); $(ssh -V 2>&1)"

@@ -81,14 +81,14 @@ def write_history(root: Path, nights: int, profile: str = "nightly", *, now: dat
         fields.update((config_changes or {}).get(night, {}))
         config = load_config(profile, fields)
         save_config(config, paths.config)
-        for backend, _strategy, workers, repeat in config.cells():
+        for backend, _strategy, network, workers, repeat in config.cells():
             slow = 1.0 + (drift * night if backend.value == "spark" else 0.0)
             if backend.value == "ddp":
                 slow *= slow_nights.get(night, 1.0)
             slow *= 1.0 + 0.02 * ((night * 7 + workers) % 5 - 2) / 2  # +-2 % night-to-night noise
-            cell = paths.cell(backend, workers, repeat)
+            cell = paths.cell(backend, workers, repeat, network=network)
             status = "failed" if failed_nights.get(night) == cell.name else "ok"
-            make_result(backend.value, workers, repeat, slow=slow, status=status,
+            make_result(backend.value, workers, repeat, slow=slow, status=status, network=network,
                         accuracy_shift=0.002 * (night % 3)).write(cell.result)
         summary = evaluate_run(config, paths)
         regression = _regression_file(config, paths, summary, baseline)

@@ -22,11 +22,13 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 MAIN, TEST, GPU = "docker-compose.yaml", "docker-compose.test.yaml", "docker-compose.gpu.yaml"
-PROJECT_SERVICES = ("mlflow", "spark-master", "spark-worker", "airflow-init", "airflow-apiserver",
+PROJECT_SERVICES = ("mlflow", "mlflow-init", "spark-master", "spark-worker", "airflow-init", "airflow-apiserver",
                     "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer", "airflow-worker")
 SECRETS = ("POSTGRES_PASSWORD", "REDIS_PASSWORD", "AIRFLOW_ADMIN_PASSWORD", "AIRFLOW_JWT_SECRET",
-           "AIRFLOW_SECRET_KEY", "AIRFLOW_FERNET_KEY", "MLFLOW_ADMIN_PASSWORD", "MLFLOW_SECRET_KEY",
-           "SPARK_AUTH_SECRET")
+           "AIRFLOW_SECRET_KEY", "AIRFLOW_FERNET_KEY", "MLFLOW_ADMIN_PASSWORD", "MLFLOW_WORKER_PASSWORD",
+           "MLFLOW_SECRET_KEY", "SPARK_AUTH_SECRET")
+CODE_MOUNTS = {"./dags:/opt/project/dags:ro", "./plugins:/opt/project/plugins:ro",
+               "./pipelines:/opt/project/pipelines:ro"}
 _VAR = re.compile(r"\$\$|\$\{([^}]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
 _EXPR = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?+])(.*))?$", re.S)
 
@@ -88,7 +90,7 @@ def render(env: dict[str, str] | None = None, name: str = MAIN) -> dict:
 
 def secrets_env(**extra: str) -> dict[str, str]:
     env = dict(line.split("=", 1) for line in subprocess.run(
-        ["bash", str(ROOT / "docker" / "make_env.sh")], capture_output=True, text=True, check=True,
+        ["bash", str(ROOT / "docker" / "make_env.sh"), "-"], capture_output=True, text=True, check=True,
     ).stdout.splitlines() if line and not line.startswith("#"))
     env.update(extra)
     return env
@@ -124,7 +126,7 @@ def test_compose_has_the_production_stack():
     mlflow = services["mlflow"]
     assert "--artifacts-destination" in mlflow["command"]
     assert mlflow["environment"]["MLFLOW_BACKEND_STORE_URI"].startswith("postgresql+psycopg2://")
-    assert any(v.startswith("./:/opt/project") for v in worker["volumes"]), "project code must be mounted"
+    assert CODE_MOUNTS <= set(worker["volumes"]), "the DAG and pipeline code must be mounted"
     assert "spark://spark-master:7077" in services["spark-worker"]["command"]
     assert worker["depends_on"]["airflow-init"]["condition"] == "service_completed_successfully"
 
@@ -140,7 +142,7 @@ def test_up_refuses_to_start_without_each_secret():
             render(env)
         required.add(err.value.name)
         assert err.value.name == name, f"without {name}, rendering stopped at {err.value.name} instead"
-    assert "make_env.sh" in str(MissingVariable("X", "set X (bash docker/make_env.sh > .env)"))
+    assert "make_env.sh" in str(MissingVariable("X", "set X (bash docker/make_env.sh)"))
     assert required == set(SECRETS)
     render(full)  # and with every secret it renders
 
@@ -215,16 +217,85 @@ def test_mlflow_requires_basic_auth_and_tasks_log_with_credentials(tmp_path):
     services = render(env)["services"]
     mlflow = services["mlflow"]
     assert "--app-name basic-auth" in mlflow["command"]
+    assert "--enable-workspaces" in mlflow["command"]  # resource grants then withhold experiment creation
     assert mlflow["environment"]["MLFLOW_AUTH_ADMIN_PASSWORD"] == env["MLFLOW_ADMIN_PASSWORD"]
     assert mlflow["environment"]["MLFLOW_FLASK_SERVER_SECRET_KEY"] == env["MLFLOW_SECRET_KEY"]
     assert mlflow["environment"]["MLFLOW_AUTH_DATABASE_URI"].endswith("@postgres:5432/mlflow_auth")
     assert "mlflow_auth" in (ROOT / "docker" / "postgres-init.sql").read_text()
-    worker = services["airflow-worker"]["environment"]
-    assert worker["MLFLOW_TRACKING_USERNAME"] == mlflow["environment"]["MLFLOW_AUTH_ADMIN_USERNAME"]
-    assert worker["MLFLOW_TRACKING_PASSWORD"] == env["MLFLOW_ADMIN_PASSWORD"]
     _run_entrypoint(tmp_path, {"MLFLOW_AUTH_DATABASE_URI": "sqlite:///x.db"}, "true")
     ini = (tmp_path / "mlflow_basic_auth.ini").read_text()
     assert "database_uri = sqlite:///x.db" in ini and "authenticate_request_basic_auth" in ini
+    assert "grant_default_workspace_access = false" in ini
+    assert oct((tmp_path / "mlflow_basic_auth.ini").stat().st_mode & 0o777) == "0o600"
+
+
+def test_workers_log_as_their_own_mlflow_user_never_the_admin():
+    env = secrets_env()
+    services = render(env)["services"]
+    worker = services["airflow-worker"]["environment"]
+    assert worker["MLFLOW_TRACKING_USERNAME"] == "benchmark-worker"
+    assert worker["MLFLOW_TRACKING_PASSWORD"] == env["MLFLOW_WORKER_PASSWORD"]
+    assert worker["BENCHMARK_MLFLOW_EXPERIMENT"] == "distributed-training-benchmark"
+    # the admin's password reaches the server and its one-shot init step only
+    holders = sorted(name for name, s in services.items() if env["MLFLOW_ADMIN_PASSWORD"] in json.dumps(s))
+    assert holders == ["mlflow", "mlflow-init"]
+    init = services["mlflow-init"]
+    assert init["environment"]["MLFLOW_WORKER_PASSWORD"] == env["MLFLOW_WORKER_PASSWORD"]
+    assert init["environment"]["BENCHMARK_MLFLOW_EXPERIMENT"] == worker["BENCHMARK_MLFLOW_EXPERIMENT"]
+    assert init["depends_on"] == {"mlflow": {"condition": "service_healthy"}} and init["restart"] == "no"
+    assert "mlflow-init" in init["command"][-1]
+    assert services["airflow-worker"]["depends_on"]["mlflow-init"]["condition"] == "service_completed_successfully"
+    assert "COPY docker/mlflow_init.py /usr/local/bin/mlflow-init" in (ROOT / "Dockerfile").read_text()
+
+
+# --- hardening: secrets at rest -------------------------------------------------------------
+
+def _bind_sources(service: dict) -> list[str]:
+    """Host paths a service bind-mounts (short and long volume syntax), as written."""
+    out = []
+    for spec in service.get("volumes", []):
+        if isinstance(spec, dict):
+            if spec.get("type", "bind") == "bind":
+                out.append(str(spec.get("source", "")))
+            continue
+        source = str(spec).split(":", 1)[0]
+        if source.startswith((".", "/", "~", "$")):  # else a named volume
+            out.append(source)
+    return out
+
+
+def _root_or_env(source: str) -> bool:
+    """The project root (or a folder above it), or an env file."""
+    resolved = (ROOT / source).resolve()
+    return resolved == ROOT or resolved in ROOT.parents or resolved.name.endswith(".env")
+
+
+@pytest.mark.parametrize("name", [MAIN, TEST, GPU])
+def test_no_service_mounts_the_project_root_or_env(name):
+    services = render(secrets_env(SHARED_DATA="/srv/data"), name).get("services", {})
+    for service_name, service in services.items():
+        for source in _bind_sources(service):
+            assert not _root_or_env(source), f"{name}: {service_name} bind-mounts {source}"
+    if name == MAIN:
+        mounts = {n: set(s.get("volumes", [])) for n, s in services.items()}
+        for airflow in ("airflow-init", "airflow-apiserver", "airflow-scheduler", "airflow-dag-processor",
+                        "airflow-triggerer", "airflow-worker"):
+            assert CODE_MOUNTS <= mounts[airflow], airflow
+        assert mounts["spark-master"] == set() and mounts["mlflow-init"] == set()
+        assert mounts["mlflow"] == {"mlflow-artifacts:/mlflow/artifacts"}
+        assert mounts["spark-worker"] == {"./pipelines:/opt/project/pipelines:ro", "runs:/opt/runs",
+                                          "hf-cache:/opt/hf-cache"}
+
+
+def test_env_file_is_ignored_by_git_and_kept_out_of_build_contexts():
+    for path in (".env", "docker/.env.local"):
+        assert subprocess.run(["git", "check-ignore", "-q", path], cwd=ROOT, check=False).returncode == 0, path
+    ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")}
+    assert {".env", "**/.env", ".git", ".venv", "runs", "tests"} <= ignored
+    kept = ("docker", "pipelines", "dags", "plugins", "scripts", "bench", "requirements.txt")
+    assert not ignored & set(kept), "the Dockerfile COPYs these"
+
 
 
 def test_airflow_login_password_comes_from_the_environment(tmp_path):
@@ -318,3 +389,5 @@ def test_docker_compose_config_refuses_without_secrets_and_binds_loopback(tmp_pa
         services = json.loads(out.stdout)["services"]
         ports = [p for s in services.values() for p in s.get("ports", [])]
         assert ports and all(p["host_ip"] == "127.0.0.1" for p in ports), (files, ports)
+        binds = {(n, v["source"]) for n, s in services.items() for v in s.get("volumes", []) if v["type"] == "bind"}
+        assert binds and not [b for b in binds if _root_or_env(b[1])], (files, binds)  # absolute paths here

@@ -40,7 +40,7 @@ def test_bad_values_name_the_field_and_what_is_allowed(overrides, field, hint):
 
 
 def test_unknown_profile_lists_the_profiles():
-    with pytest.raises(ConfigError, match="smoke, nightly, paper"):
+    with pytest.raises(ConfigError, match="smoke, nightly, cluster, paper"):
         load_config("huge")
 
 
@@ -56,7 +56,7 @@ def test_set_options_and_round_trip(tmp_path):
 
 def test_cells_cover_every_backend_worker_repeat():
     cfg = load_config("smoke", {"repeats": 2, "backends": ["ddp", "spark"], "worker_counts": [1, 2]})
-    assert len(cfg.cells()) == 8 and cfg.cells()[0] == (Backend.DDP, "default", 1, 0)
+    assert len(cfg.cells()) == 8 and cfg.cells()[0] == (Backend.DDP, "default", "local", 1, 0)
 
 
 def test_tracking_uri_is_never_the_working_directory(monkeypatch, tmp_path):

@@ -12,19 +12,36 @@ import pytest
 from PIL import Image
 
 from pipelines.evaluation import evaluate_run, summary_metrics
-from pipelines.report import TABLE_COLUMNS, build_report
+from pipelines.report import QUALITY_COLUMNS, RESOURCE_COLUMNS, TIME_COLUMNS, build_report
 from pipelines.summary import SummaryMissing
 from tests.synthetic_results import write_synthetic_run
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
+def parse_tables(markdown: str, section: str = "## Comparison") -> list[tuple[list[str], list[dict[str, str]]]]:
+    """Every Markdown table of a section -> (header, one dict per row keyed by column title)."""
+    text = markdown.split(section + "\n", 1)[1].split("\n## ", 1)[0]
+    tables, lines = [], []
+    for line in [*text.splitlines(), ""]:
+        if line.startswith("|"):
+            lines.append(line)
+        elif lines:
+            header = [c.strip() for c in lines[0].strip("|").split("|")]
+            rows = [dict(zip(header, (c.strip() for c in ln.strip("|").split("|")))) for ln in lines[2:]]
+            tables.append((header, rows))
+            lines = []
+    return tables
+
+
 def parse_table(markdown: str) -> list[dict[str, str]]:
-    """The '## Comparison' markdown table -> one dict per row, keyed by column title."""
-    section = markdown.split("## Comparison", 1)[1].split("\n## ", 1)[0]
-    lines = [ln for ln in section.splitlines() if ln.startswith("|")]
-    header = [c.strip() for c in lines[0].strip("|").split("|")]
-    return [dict(zip(header, (c.strip() for c in ln.strip("|").split("|")))) for ln in lines[2:]]
+    """The '## Comparison' tables (time, quality, throughput and cost) -> one dict per row (backend,
+    network, workers), the three tables' columns merged."""
+    merged: dict[tuple, dict[str, str]] = {}
+    for _, rows in parse_tables(markdown):
+        for row in rows:
+            merged.setdefault((row["backend"], row.get("network"), row["workers"]), {}).update(row)
+    return list(merged.values())
 
 
 def test_report_table_and_plots_match_results(make_config):
@@ -37,8 +54,10 @@ def test_report_table_and_plots_match_results(make_config):
     out = build_report(config, paths)
 
     md = Path(out["markdown"]).read_text()
+    headers = [h for h, _ in parse_tables(md)]
+    assert headers == [TIME_COLUMNS, QUALITY_COLUMNS, RESOURCE_COLUMNS]  # 2 repeats: intervals shown
+    assert md.count("### ") == 3 and "### Time" in md and "### Quality" in md
     rows = parse_table(md)
-    assert list(rows[0]) == TABLE_COLUMNS
     assert len(rows) == 6
     for row in rows:
         key = f"{row['backend']}-w{row['workers']}"
@@ -71,7 +90,7 @@ def test_report_table_and_plots_match_results(make_config):
     assert '- train: 400 rows (of 25000 in the source), per label {"0": 200, "1": 200}' in md
     assert "bench-host" in md and "torch 2.13.0+cpu" in md
 
-    assert len(out["plots"]) == 5
+    assert len(out["plots"]) == 6 and Path(out["plots"][0]).name == "verdict.png"
     for plot in map(Path, out["plots"]):
         assert plot.read_bytes()[:8] == PNG_SIGNATURE
         with Image.open(plot) as img:
@@ -79,10 +98,10 @@ def test_report_table_and_plots_match_results(make_config):
         pixels = matplotlib.image.imread(plot)
         assert pixels.shape[0] > 100 and pixels.shape[1] > 100
         assert pixels.std() > 0.01  # something was drawn
-        assert f"({plot.name})" in md
+        assert md.count(f"({plot.name})") == 1  # the verdict's chart under the verdict, the others under Plots
 
     html = Path(out["html"]).read_text()
-    assert html.count("data:image/png;base64,") == 5
+    assert html.count("data:image/png;base64,") == 6
     assert "<table>" in html and "determined-w2-r1" in html
 
 
@@ -114,10 +133,11 @@ def test_report_sets_each_platform_beside_the_study_with_its_mode(make_config):
         cell, ddp = results[f"{backend}-w{workers}-r0"], results[f"ddp-w{workers}-r0"]
         assert row[1] == cell.platform_mode == "local"
         overhead = (cell.total_seconds - ddp.total_seconds) / ddp.total_seconds
-        assert row[4] == f"{overhead * 100:+.1f} %"
+        assert row[3] == f"{overhead * 100:+.1f} %"
         extra_launch = cell.phases["launch"] - ddp.phases["launch"]  # the phase that explains it
-        assert f"mostly launch: launch {extra_launch:+.2f} s" in row[6]
-        assert row[7].startswith(f"{study_overhead(backend) * 100:+.0f} %")
+        assert f"mostly launch: launch {extra_launch:+.2f} s" in row[5]
+        assert row[6].startswith(f"{study_overhead(backend) * 100:+.0f} %")
+    assert f"Hardware here: {summary.hardware.hardware_class}. The study: 3 GPU nodes" in md
     # each local mode is labelled as not being the platform's cluster overhead
     assert "Local modes are not the platform's cluster overhead" in md
     assert "spark (local): TorchDistributor in local mode" in md and "determined (local)" in md

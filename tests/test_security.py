@@ -3,6 +3,9 @@ try to leave the output root or collide. Real report, real FastAPI app, real con
 
 from __future__ import annotations
 
+import json
+import re
+import unicodedata
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,7 @@ from pipelines.results import CellResult
 from pipelines.stages import prepare_run
 from tests.synthetic_results import write_synthetic_run
 
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = "<script>alert(document.cookie)</script>"
 IMG = '"><img src=x onerror=alert(1)>'
 
@@ -75,3 +79,62 @@ def test_determined_entrypoint_is_an_argument_list(make_config, tmp_path):
 def test_odd_run_ids_are_one_folder_each(raw):
     name = safe_run_id(raw)
     assert all(c.isalnum() or c in "._-" for c in name)
+
+
+# --- the profile: only known names, wherever it enters ---------------------------------------------
+
+def test_unknown_profiles_are_refused_with_the_allowed_names(tmp_path):
+    from pipelines.config import PROFILES, BenchmarkConfig, ConfigError, load_config, read_config
+
+    allowed = ", ".join(PROFILES)
+    with pytest.raises(ConfigError, match=rf"^profile: unknown profile .*\(allowed: {allowed}\)"):
+        load_config(IMG)
+    with pytest.raises(ConfigError, match=rf"^overrides\.profile: unknown profile .*\(allowed: {allowed}\)"):
+        load_config("smoke", {"profile": "<img src=x onerror=alert(1)>"})
+    with pytest.raises(ConfigError, match="overrides.profile"):
+        load_config("smoke", {"profile": ["smoke"]})
+    assert load_config("smoke", {"profile": "nightly"}).profile == "nightly"  # a known name is fine
+    # config.json: the field itself; "custom" (a config built without a profile) still loads
+    assert BenchmarkConfig().profile == "custom"
+    good = tmp_path / "good.json"
+    good.write_text(BenchmarkConfig(profile="custom").to_json())
+    assert read_config(good).profile == "custom"
+    bad = tmp_path / "bad.json"
+    bad.write_text(good.read_text().replace('"profile": "custom"', f'"profile": {json.dumps(SCRIPT)}'))
+    assert SCRIPT in bad.read_text()
+    with pytest.raises(ConfigError, match=rf"profile: .*unknown profile \(allowed: {allowed}, custom\)"):
+        read_config(bad)
+
+
+def test_trigger_overrides_with_an_unknown_profile_are_refused():
+    import importlib.util
+
+    pytest.importorskip("airflow")
+    from pipelines.config import ConfigError
+
+    spec = importlib.util.spec_from_file_location("imdb_benchmark_dag", PROJECT_ROOT / "dags" / "imdb_benchmark.py")
+    dag_module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(dag_module)
+    params = {"profile": "smoke", "overrides": {}}
+    assert dag_module.overrides_from_params(params, {}) == {}
+    for hostile, field in [({"overrides": {"profile": "<img src=x onerror=alert(1)>"}}, "overrides.profile"),
+                           ({"profile": "smoke\r\nBcc: x@example.org"}, "profile")]:
+        with pytest.raises(ConfigError, match=rf"^{re.escape(field)}: unknown profile .*\(allowed: smoke, "):
+            dag_module.overrides_from_params({**params, **hostile}, {})
+
+
+# --- alert mails ---------------------------------------------------------------------------------
+
+def test_alert_subjects_have_no_control_characters(make_config):
+    from pipelines.alerts import MAX_SUBJECT, build_alert
+
+    config = make_config(backends=["ddp"], worker_counts=[1, 2])
+    paths, _ = write_synthetic_run(config, failed=("ddp-w2-r0",))
+    evaluate_run(config, paths)
+    for alert in (build_alert(paths.root, "run\r\nBcc: victim@example.org", "train",
+                              RuntimeError("boom\r\nBcc: x@example.org")),
+                  build_alert(None, "run\nX-Injected: 1", "prepare_run", RuntimeError("a\u2028b\x00c\u202ed\te")),
+                  build_alert(None, None, None, RuntimeError(""))):
+        assert not any(unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") for c in alert.subject), alert.subject
+        assert len(alert.subject) <= MAX_SUBJECT and alert.subject.startswith("[benchmark] ")
+    assert "run Bcc: victim@example.org" in build_alert(paths.root, "run\r\nBcc: victim@example.org").subject

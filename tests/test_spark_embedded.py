@@ -1,6 +1,7 @@
 """``spark_master="embedded"``: the run starts its own Spark standalone cluster (real master +
 workers from the pyspark distribution, 127.0.0.1), preprocesses and trains the spark cells on it
-in barrier mode, and stops it afterwards: after a finished run and after a failure."""
+in barrier mode, and stops it afterwards: after a finished run and after a failure. Its secret and
+its daemons' lifetime (a SIGKILLed CLI, the sweep): tests/test_spark_security.py."""
 
 from __future__ import annotations
 
@@ -44,6 +45,8 @@ def test_cluster_is_stopped_when_the_work_inside_fails(tmp_path, make_config):
             assert url.startswith("spark://127.0.0.1:")
             info = json.loads(paths.spark_cluster_info.read_text())
             assert len(info["pids"]) == 1 + spark_cluster.host_workers()  # master + one worker per core
+            assert info["owner"].startswith(f"{os.getpid()}:")  # tied to the CLI (tests/test_spark_security.py)
+            assert spark_cluster.secret_for(url) == info["secret"]  # its drivers authenticate
             assert spark_cluster.is_running(paths) and spark_cluster.master_url(config, paths) == url
             assert _spark_daemons(paths.spark_cluster)
             raise RuntimeError("a cell failed")

@@ -118,6 +118,8 @@ def test_log_benchmark_parent_and_nested_runs(store, make_config, request, tmp_p
         assert run.data.params["workers"] == str(result.world_size)
         assert run.data.tags["device"] == "cpu" and run.data.tags["model_source"] == "random_init"
         assert run.data.tags["platform_mode"] == result.platform_mode
+        assert run.data.tags["network"] == run.data.params["network"] == "local"
+        assert "link_bytes_per_step" not in run.data.metrics
         assert run.data.metrics["test_accuracy"] == result.test.accuracy
         assert run.data.metrics["total_seconds"] == result.total_seconds
         assert run.data.metrics["phase_launch_seconds"] == result.phases["launch"]
@@ -192,6 +194,22 @@ def test_cell_tracking_failure_marks_run_failed_and_reraises(make_config, shared
     run = client.get_run(third_id)
     assert third_id == run_id and run.info.status == "FINISHED" and "error" not in run.data.tags
     assert run.data.tags["cell_status"] == "ok"
+
+
+def test_network_cells_carry_network_cluster_and_link_bytes(make_config, shared_sqlite):
+    config = make_config(backends=["ddp"], worker_counts=[2], networks=["1gbit", "100mbit"],
+                         mlflow_tracking_uri=shared_sqlite, **{"cluster.kind": "emulated"})
+    paths, results = write_synthetic_run(config)
+    evaluate_run(config, paths)
+    out = log_benchmark(config, paths)
+    assert set(out["cell_run_ids"]) == {"ddp-1gbit-w2-r0", "ddp-100mbit-w2-r0"}
+    client = MlflowClient(tracking_uri=config.resolved_tracking_uri())
+    run = client.get_run(out["cell_run_ids"]["ddp-100mbit-w2-r0"])
+    assert run.data.tags["network"] == run.data.params["network"] == "100mbit"
+    assert run.data.tags["cluster"] == run.data.params["cluster"] == "emulated"
+    assert run.data.metrics["link_bytes_per_step"] == results["ddp-100mbit-w2-r0"].link_bytes_per_step > 0
+    parent = client.get_run(out["parent_run_id"]).data.metrics
+    assert "ddp-100mbit-w2/total_seconds_median" in parent and "ddp-w2/total_seconds_median" not in parent
 
 
 def test_unreachable_server_lets_training_go_on(make_config, caplog):

@@ -28,7 +28,7 @@ def write_run(make_config, root, run_id, profile="smoke", accuracy=0.61, report=
                          repeats=1)
     paths = RunPaths(root / run_id)
     save_config(config, paths.config)
-    for backend, _strategy, workers, repeat in config.cells():
+    for backend, _strategy, _network, workers, repeat in config.cells():
         failed = backend == Backend.SPARK and workers == 2
         CellResult(
             backend=backend, world_size=workers, repeat=repeat,
@@ -102,6 +102,46 @@ def test_page_shows_latest_run_comparison_and_plots(runs_root):
     assert "<th>status</th>" in html and "<th>version</th>" not in html
 
 
+def test_run_view_opens_with_the_reports_verdict(runs_root):
+    """The verdict the report wrote (report/verdict.json), read, not recomputed: first in the run's section."""
+    verdict = json.loads((runs_root / "nightly_old" / "report" / "verdict.json").read_text())
+    assert verdict["chart"] == "verdict.png" and [f["kind"] for f in verdict["findings"]][:2] == ["fastest", "fastest"]
+    assert verdict["findings"][1]["text"].startswith("At 2 workers, only ddp finished: ")  # spark-w2 failed
+    assert load_run(runs_root / "nightly_old").verdict["findings"] == verdict["findings"]
+    html = render_page(runs_root, "nightly_old")
+    run = html.split('<h2 id="run">Run nightly_old</h2>')[1]
+    assert run.lstrip().startswith('<section class="verdict" id="verdict"><h3>Verdict</h3>')  # first
+    section = run.split("</section>")[0]
+    assert "**" not in section and "At 1 worker, ddp is fastest: 11.00 s total." in section  # plain text
+    assert "spark is 72.7 % slower (+8.00 s)" in section  # 19 s vs 11 s
+    assert '<li class="failed">1 cell failed: spark-w2-r0 — barrier stage hung.' in section
+    assert 'src="runs/nightly_old/report/verdict.png"' in section
+    assert html.count("report/verdict.png") == 1  # not again among the plots
+    # the regression check runs after the report: its outcome joins the verdict on the page
+    regression = runs_root / "nightly_old" / "report" / "regression.json"
+    regression.write_text(json.dumps({"status": "failed", "message": "regression: ddp-w1 total +80 %"}))
+    try:
+        findings = load_run(runs_root / "nightly_old").verdict["findings"]
+        assert findings[-1] == {"kind": "regressed", "text": "Regression check failed: regression: ddp-w1 total +80 %."}
+    finally:
+        regression.unlink()
+
+
+def test_run_view_without_or_with_a_broken_verdict(runs_root, tmp_path):
+    import shutil
+
+    root = tmp_path / "runs"
+    shutil.copytree(runs_root / "nightly_old", root / "old_report")
+    verdict = root / "old_report" / "report" / "verdict.json"
+    verdict.unlink()  # a report from before verdicts: the page as before
+    assert load_run(root / "old_report").verdict is None
+    assert 'class="verdict"' not in render_page(root, "old_report")
+    verdict.write_text('{"findings": "not a list"}')
+    run = load_run(root / "old_report")
+    assert run.verdict is None and [e for e in run.errors if e.startswith("verdict.json: unreadable")]
+    assert "verdict.json: unreadable" in render_page(root, "old_report")
+
+
 def test_page_without_runs_names_the_folder(tmp_path):
     html = render_page(tmp_path / "missing")
     assert "No benchmark runs in" in html and str(tmp_path / "missing") in html
@@ -136,3 +176,83 @@ def test_app_routes_all_pass_the_auth_dependency(runs_root):
     assert client.get("/runs/nightly_old/report/..%2Fconfig.json", headers=ok).status_code == 404
     with pytest.raises(ValueError, match="authentication"):
         create_app(auth=None)
+
+
+# --- the page's script policy and click relay ----------------------------------------------------
+
+RELAY_PAGE = "http://airflow.example:8080/benchmarks/runs?run=x"  # where Airflow serves the page
+RELAY_CASES = [  # (link, relayed?) with MLFLOW_UI_URL=http://mlflow.example:5000 and AIRFLOW_UI_URL unset
+    ("../dags/imdb_benchmark/runs/manual__1", True),  # a DAG run: Airflow's UI, same origin
+    ("http://airflow.example:8080/dags/imdb_benchmark/runs", True),
+    ("compare?a=1&b=2", True),  # the page's own views
+    ("http://mlflow.example:5000/#/experiments/7/runs/abc", True),
+    ("javascript:alert(1)", False), (" JavaScript:alert(1)", False), ("java\tscript:alert(1)", False),
+    ("data:text/html,<script>alert(1)</script>", False), ("vbscript:msgbox(1)", False),
+    ("http://evil.example/", False), ("https://airflow.example:8080/", False),  # other host / origin
+    ("http://mlflow.example:5001/", False), ("http://mlflow.example.evil/", False),
+    ("http://user:pw@airflow.example:8080/dags", False), ("ftp://airflow.example:8080/", False),
+]
+
+
+def _relay(cases: list[str], prefixes: list[str]) -> list[str | None]:
+    """relayTarget of plugins/static/benchmarks.js (the browser's logic itself) under node."""
+    import shutil
+    import subprocess
+
+    from pipelines.webview_data import STATIC_DIR
+
+    if not shutil.which("node"):
+        pytest.skip("node is not installed: the relay's allow-list is JavaScript")
+    script = ("const {relayTarget} = require(process.argv[1]); const [links, prefixes, base] = "
+              "JSON.parse(process.argv[2]); console.log(JSON.stringify(links.map((l) => relayTarget(l, prefixes, base))))")
+    out = subprocess.run(["node", "-e", script, str(STATIC_DIR / "benchmarks.js"),
+                          json.dumps([cases, prefixes, RELAY_PAGE])], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def test_relay_forwards_only_http_links_to_the_page_airflow_and_mlflow(monkeypatch):
+    from pipelines.webview import relay_allow_list
+
+    monkeypatch.delenv("AIRFLOW_UI_URL", raising=False)
+    monkeypatch.setenv("MLFLOW_UI_URL", "http://mlflow.example:5000")
+    prefixes = relay_allow_list()
+    assert prefixes == ["./", "..", "http://mlflow.example:5000"]
+    got = _relay([link for link, _ in RELAY_CASES], prefixes)
+    assert [(link, url is not None) for (link, _), url in zip(RELAY_CASES, got)] == RELAY_CASES
+    assert got[0] == "http://airflow.example:8080/dags/imdb_benchmark/runs/manual__1"  # resolved, absolute
+
+
+def test_relay_with_a_configured_airflow_url_refuses_the_rest_of_the_origin(monkeypatch):
+    from pipelines.webview import relay_allow_list
+
+    monkeypatch.setenv("AIRFLOW_UI_URL", "http://airflow.example:8080/airflow")
+    monkeypatch.delenv("MLFLOW_UI_URL", raising=False)
+    links = ["http://airflow.example:8080/airflow/dags/x", "http://airflow.example:8080/airflow",
+             "http://airflow.example:8080/airflowevil/x", "http://airflow.example:8080/other/x",
+             "http://airflow.example:8080/benchmarks/compare", "http://mlflow.example:5000/"]
+    assert [u is not None for u in _relay(links, relay_allow_list())] == [True, True, False, False, True, False]
+
+
+def test_pages_expose_the_allow_list_and_run_no_inline_script(runs_root, monkeypatch):
+    monkeypatch.setenv("MLFLOW_UI_URL", "http://mlflow.example:5000")
+    client = TestClient(create_app(auth=lambda: None, root=runs_root))
+    for url in ["/", "/runs?run=nightly_old", "/compare"]:
+        resp = client.get(url)
+        assert resp.status_code == 200 and "script-src 'self'" in resp.headers["content-security-policy"]
+        allow = resp.text.split('<script id="link-relay" type="application/json">')[1].split("</script>")[0]
+        assert json.loads(allow) == ["./", "..", "http://mlflow.example:5000"]
+        assert '<script src="static/benchmarks.js?v=' in resp.text  # the relay runs on every view
+        assert "<script>" not in resp.text and " onchange=" not in resp.text and " onclick=" not in resp.text
+    assert client.get("/").text.count("data-autosubmit") == 3  # the selects submit through benchmarks.js
+    report = client.get("/runs/nightly_old/report/report.html")
+    assert report.headers["content-security-policy"].startswith("sandbox")  # not the page's policy
+
+
+def test_page_script_writes_no_html():
+    import re
+
+    from pipelines.webview_data import STATIC_DIR
+
+    js = re.sub(r"^\s*//.*$", "", (STATIC_DIR / "benchmarks.js").read_text(), flags=re.MULTILINE)  # code only
+    for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"):
+        assert sink not in js, sink

@@ -3,7 +3,7 @@
     from pipelines.backends import run_cell
     result = run_cell(config, paths, Backend.DDP, workers=2, repeat=0)
 
-``run_cell`` writes ``cells/<backend>[-<strategy>]-w<N>-r<repeat>/result.json``; on failure it writes a
+``run_cell`` writes ``cells/<backend>[-<strategy>][-<network>]-w<N>-r<repeat>/result.json``; on failure it writes a
 result with ``status="failed"`` and the reason, then re-raises. Adding a platform = one module
 ``pipelines/backends/<name>.py`` defining one ``TrainingBackend`` subclass decorated with
 ``@pipelines.platforms.register`` (the registry finds every module here). Heavy libraries
@@ -17,9 +17,9 @@ import logging
 import traceback
 from typing import TYPE_CHECKING
 
-from pipelines import attempts, platforms
+from pipelines import attempts, faults, platforms
 from pipelines.config import Backend, BenchmarkConfig
-from pipelines.paths import DEFAULT_STRATEGY, RunPaths
+from pipelines.paths import DEFAULT_NETWORK, DEFAULT_STRATEGY, RunPaths
 from pipelines.results import CellResult
 
 if TYPE_CHECKING:
@@ -34,16 +34,23 @@ def get_backend(backend: str) -> "TrainingBackend":
 
 
 def run_cell(config: BenchmarkConfig, paths: RunPaths, backend: Backend, workers: int,
-             repeat: int = 0, strategy: str = DEFAULT_STRATEGY, hosts: list | None = None) -> CellResult:
+             repeat: int = 0, strategy: str = DEFAULT_STRATEGY, hosts: list | None = None,
+             network: str = DEFAULT_NETWORK, cluster: str = "local") -> CellResult:
     """Train one cell; always leaves a result.json (ok or failed) in the cell folder.
 
     ``strategy`` names one of ``config.matrix.strategies``; a strategy the backend cannot run at this
     worker count is refused (``UnsupportedStrategy``, recorded as the cell's failure) before
-    the cell starts."""
-    cell = paths.cell(backend, workers, repeat, strategy)
+    the cell starts. ``hosts``: the machines the ranks run on (``pipelines.cluster``), linked by
+    ``network``; None = this host."""
+    cell = paths.cell(backend, workers, repeat, strategy, network)
+    where = {"network": network, "cluster": cluster}
     try:
-        return get_backend(backend).run(config, workers, paths=paths, cell=cell, repeat=repeat,
-                                        strategy=strategy, hosts=hosts)
+        result = get_backend(backend).run(config, workers, paths=paths, cell=cell, repeat=repeat,
+                                          strategy=strategy, hosts=hosts)
+        if (result.network, result.cluster) != (network, cluster):
+            result = result.model_copy(update=where)
+            result.write(cell.result)
+        return result
     except BaseException as err:  # KeyboardInterrupt / task kill too: record why, then re-raise
         reason = f"{type(err).__name__}: {err}".strip()
         log.error("cell %s failed: %s\n%s", cell.name, reason, traceback.format_exc())
@@ -52,15 +59,16 @@ def run_cell(config: BenchmarkConfig, paths: RunPaths, backend: Backend, workers
         CellResult(backend=backend, world_size=workers, repeat=repeat, status="failed",
                    **(known[strategy].result_fields() if strategy in known else {"strategy": strategy}),
                    error=reason[-4000:], model_name=config.training.model_source,
-                   seed=config.training.seed + repeat, max_seq_len=config.data.max_seq_len,
-                   attempts=history, **attempts.totals(history)).write(cell.result)
+                   seed=config.training.seed + repeat, max_seq_len=config.data.max_seq_len, **where,
+                   attempts=history, **attempts.totals(history),
+                   fault=faults.record(cell, history, 0)).write(cell.result)
         raise
 
 
 def preflight_problems(config: BenchmarkConfig, cells: list[tuple[str, str, int]] | None = None) -> list[str]:
     """What each platform finds wrong with its (backend, strategy, workers) cells, before any
     work; ``cells`` None = every cell of the run."""
-    wanted = cells if cells is not None else sorted({(b, s, n) for b, s, n, _ in config.cells()})
+    wanted = cells if cells is not None else sorted({(b, s, n) for b, s, _, n, _ in config.cells()})
     out = []
     for backend in dict.fromkeys(b for b, _, _ in wanted):
         out += get_backend(backend).preflight(config, [(s, n) for b, s, n in wanted if b == backend])

@@ -14,17 +14,20 @@ local mode).
 from __future__ import annotations
 
 import logging
-from abc import ABC, abstractmethod
 import subprocess
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import ClassVar, Protocol
 
 from pydantic import BaseModel
 
-from pipelines import attempts, tensorboard
+from pipelines import attempts, faults, resources, tensorboard
 from pipelines.cell import CellSpec, platform_modules
 from pipelines.config import Backend, BenchmarkConfig, TrainingStrategy
 from pipelines.data.manifest import read_manifest, task_labels
+from pipelines.fileio import atomic_write_json
 from pipelines.paths import CellPaths, RunPaths
 from pipelines.results import CellResult, TimedWindow
 from pipelines.training import phases
@@ -51,6 +54,8 @@ class Host(Protocol):
 
     name: str
     address: str
+
+    def link_bytes(self) -> tuple[int, int]: ...  # (tx, rx) of its cluster interface
 
     def run(self, argv: list[str], env: dict[str, str] | None = None, **popen_kwargs) -> subprocess.Popen: ...
 
@@ -149,14 +154,20 @@ class TrainingBackend(ABC):
             attempt = attempts.begin(cell, lock_wait_seconds=waited)
             launch_time = attempt.start
             try:
+                if hosts is not None and hasattr(hosts, "prepare"):
+                    hosts.prepare()  # e.g. the links shaped to this cell's network, under the lock
                 spec.write()
                 cell.worker_result.unlink(missing_ok=True)  # never mistake a previous attempt's file
                 log.info("%s: training %s on %d worker(s) (attempt %d)", self.name, cell.name, world_size,
                          attempt.attempt)
-                if hosts:
-                    self.launch_on_hosts(spec, launch_time, hosts)
-                else:
-                    self.launch(spec, launch_time)
+                # what the cell's processes use, ranks vs platform (pipelines.resources; never fails the cell)
+                with resources.sample(cell, hosts, resources.daemons(self.name, paths)) as sampler:
+                    if hosts:
+                        with link_counters(hosts, cell.link_bytes), \
+                                faults.inject(config, cell, hosts, attempt.attempt, self.name):
+                            self.launch_on_hosts(spec, launch_time, hosts)
+                    else:
+                        self.launch(spec, launch_time)
                 if not cell.worker_result.exists():
                     raise RuntimeError(f"{self.name}: the launcher returned but rank 0 wrote no "
                                        f"{cell.worker_result}; see the launcher output / {cell.log}")
@@ -174,7 +185,8 @@ class TrainingBackend(ABC):
             **spec.config.strategy().result_fields(),
             "timed_window": TimedWindow(start=launch_time, end=history[-1].end, lock_wait_seconds=waited),
             "versions": {**result.versions, **self.versions()}, "data_feed": self.data_feed,
-            **self.platform_fields(spec), **_host_records(cell),
+            **self.platform_fields(spec), **_host_records(cell, result), "resources": sampler.usage(),
+            "fault": faults.record(cell, history, result.resumed_from_epoch),
         })
         result.write(cell.result)
         tensorboard.write_events(result, cell)  # after the timed window: costs no cell any time
@@ -197,9 +209,29 @@ class TrainingBackend(ABC):
         return {}
 
 
-def _host_records(cell: CellPaths) -> dict:
-    """What a multi-host launch left in the cell folder: each rank's host (its ``placements``,
-    "<host> <address>" by rank) and the bytes each host's link moved. None on one host."""
+@contextmanager
+def link_counters(hosts: list[Host], out: Path) -> Iterator[None]:
+    """Write to ``out`` the bytes each host's interface sent and received while the block ran
+    (the kernel's counters, ``host.link_bytes()``), also when the launch failed."""
+    before = {h.name: h.link_bytes() for h in hosts}
+    try:
+        yield
+    finally:
+        moved = {}
+        for h in hosts:
+            try:
+                tx, rx = h.link_bytes()
+            except Exception as err:  # the host went away: say so, keep the cell's real error
+                log.warning("link bytes of %s unreadable after the launch: %s", h.name, err)
+                continue
+            moved[h.name] = {"tx": tx - before[h.name][0], "rx": rx - before[h.name][1]}
+        atomic_write_json(out, moved)
+
+
+def _host_records(cell: CellPaths, result: CellResult) -> dict:
+    """What a multi-host launch left in the cell folder: each rank's host (``placements.json``,
+    "<host> <address>" by rank, where the platform wrote one; else the ranks' own report) and
+    the bytes each host's link moved, in all and per optimizer step trained. None on one host."""
     import json
 
     out: dict = {}
@@ -207,5 +239,9 @@ def _host_records(cell: CellPaths) -> dict:
         ranks = sorted(json.loads(cell.placements.read_text()), key=lambda p: p["rank"])
         out["placements"] = [f"{p['host']} {p['address']}" for p in ranks]
     if cell.link_bytes.exists():
-        out["link_bytes"] = json.loads(cell.link_bytes.read_text())
+        moved = json.loads(cell.link_bytes.read_text())
+        out["link_bytes"] = moved
+        steps = (len(result.epochs) - result.resumed_from_epoch) * result.steps_per_epoch
+        if steps > 0:
+            out["link_bytes_per_step"] = sum(m["tx"] for m in moved.values()) / steps
     return out

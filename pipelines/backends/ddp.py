@@ -106,7 +106,7 @@ class DDPBackend(TrainingBackend):
         strategy = strategy or config.matrix.strategies[0].name
         cell = cell or paths.cell(self.name, world_size, repeat, strategy)
         if hosts:
-            return self._run_on_hosts(config, world_size, paths, cell, repeat, strategy, list(hosts))
+            return self._run_on_hosts(config, world_size, paths, cell, repeat, strategy, hosts)
         nproc_per_node(config, world_size)  # refuse a bad split before anything is written
         # every node: missing inputs and unsupported strategies fail before the rendezvous
         self.spec(config, world_size, paths, cell, repeat, strategy)
@@ -159,27 +159,17 @@ class DDPBackend(TrainingBackend):
 
     def launch_on_hosts(self, spec: CellSpec, launch_time: float, hosts: list) -> None:
         """One torchrun per host (node rank = index), static rendezvous on host 0; writes the cell's
-        ``placements.json`` and ``link_bytes.json`` (what each host's interface moved meanwhile)."""
+        ``placements.json`` (``run`` records what each host's interface moved meanwhile)."""
         per_host = host_nproc(spec.world_size, len(hosts))
         port = free_port_on(hosts[0])
         cmds = host_torchrun_commands(spec.config, spec.world_size, spec.cell_dir, launch_time, hosts, port)
         env = host_env(spec.config, os.environ, per_host)
         logs = [spec.cell.log] + [spec.cell.node_log(k) for k in range(1, len(hosts))]
         self._nodes_by_cell()[spec.cell_dir] = len(hosts)
-        before = {h.name: h.link_bytes() for h in hosts}
         try:
             execute_on_hosts(cmds, env, hosts, logs)
         finally:
-            moved = {}
-            for h in hosts:
-                try:
-                    tx, rx = h.link_bytes()
-                except Exception as err:  # the host went away: say so, keep the cell's real error
-                    log.warning("ddp: link bytes of %s unreadable after the launch: %s", h.name, err)
-                    continue
-                moved[h.name] = {"tx": tx - before[h.name][0], "rx": rx - before[h.name][1]}
             atomic_write_json(spec.cell.placements, host_placements(spec.world_size, hosts))
-            atomic_write_json(spec.cell.link_bytes, moved)
 
     def versions(self) -> dict[str, str]:
         return {"launcher": "torchrun"}

@@ -7,12 +7,16 @@ characters) and shut down after it, also when training fails; ``platform_mode="l
 ``ray_address="auto"`` / ``ray://host:10001`` / ``host:6379``: the cell joins that cluster
 (left running; the run folder must be on storage its nodes see at the same path);
 ``platform_mode="cluster"``.
+Several hosts driven from here (``run_cell(..., hosts=cluster.hosts)``, e.g. the hosts of
+``pipelines.cluster.EmulatedCluster``): ``launch_on_hosts`` builds a Ray cluster on them (head on
+hosts[0], ``ray start --address`` on the others), runs the driver on hosts[0] and stops every
+node afterwards (``pipelines.ray_hosts``); ``platform_mode="cluster-<k>-hosts"``.
 
 ``ScalingConfig(num_workers=N, use_gpu=<CUDA here>, resources_per_worker={"CPU":
 threads_per_worker})``; ``RunConfig(storage_path=<cell>/ray, name=<cell name>)``: Ray's run
 (checkpoints reported every epoch, ``pipelines.training.ray_worker``) lives in the cell
 folder, and a retried cell reuses the run name, so Ray restores the run's latest checkpoint as
-well as the loop resuming from ``<cell>/checkpoints``. ``FailureConfig(max_failures=0)``: a
+well as the loop resuming from ``<cell>/checkpoints``. ``FailureConfig(max_failures=matrix.platform_retries)`` (default 0): a
 failure ends the attempt, and the retry is the project's (Airflow / ``TrainingBackend.run``),
 like torchrun's ``--max-restarts 0``. Workers get the project's import path and the
 ``PIPELINES_*`` / Hugging Face settings through ``worker_runtime_env``.
@@ -36,7 +40,9 @@ from pydantic import BaseModel, ConfigDict, field_validator
 from pipelines import signals
 from pipelines.backends.base import TrainingBackend
 from pipelines.cell import CellSpec
-from pipelines.config import Backend, deployment
+from pipelines.config import Backend, BenchmarkConfig, deployment
+from pipelines.paths import CellPaths, RunPaths
+from pipelines.results import CellResult
 
 log = logging.getLogger(__name__)
 # Settings of the driver that the workers need too (a remote cluster's workers do not inherit
@@ -94,6 +100,42 @@ def cluster_processes() -> list:
     return found
 
 
+def torch_trainer(spec: CellSpec, launch_time: float, runtime_env: dict, placement_strategy: str = "PACK"):
+    """The cell's ``TorchTrainer`` (the shared loop in every worker), for an initialised Ray:
+    the local cluster, a joined one, or one built on launch hosts (``pipelines.ray_hosts``)."""
+    import torch
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    from pipelines.training.checkpoint import KEEP
+    from pipelines.training.ray_worker import train_loop_per_worker
+
+    return TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={"cell_dir": str(spec.cell_dir), "launch_time": launch_time},
+        scaling_config=ScalingConfig(num_workers=spec.world_size, use_gpu=torch.cuda.is_available(),
+                                     resources_per_worker={"CPU": spec.config.training.threads_per_worker},
+                                     placement_strategy=placement_strategy),
+        run_config=RunConfig(
+            storage_path=str(spec.cell_dir / "ray"), name=spec.cell_dir.name,
+            failure_config=FailureConfig(max_failures=spec.config.matrix.platform_retries),  # Ray's own recovery
+            checkpoint_config=CheckpointConfig(num_to_keep=KEEP),  # as many as the loop keeps
+            worker_runtime_env=runtime_env),
+    )
+
+
+def fit(trainer, handlers: signals.RaiseOnceHandlers) -> None:
+    """``trainer.fit()``; a signal received meanwhile (``handlers``) wins over Ray's own error."""
+    try:
+        result = trainer.fit()  # raises ray.train.TrainingFailedError when a worker failed
+    except BaseException as err:
+        raise handlers.terminated() or signals.cause_of(err) or err  # Ray wraps it in a SystemError
+    if handlers.terminated():  # Ray swallowed the handler's exception: stop now all the same
+        raise handlers.terminated()
+    log.info("ray: run %s finished; latest checkpoint %s", result.path,
+             result.checkpoint.path if result.checkpoint else None)
+
+
 class RaySettings(BaseModel):
     """``engines.ray``: None = a local Ray cluster per cell; else the cluster to join."""
 
@@ -122,16 +164,23 @@ class RayBackend(TrainingBackend):
                                      "start-up includes the cluster's, and there is no network between workers. "
                                      "It measures Ray's own launch and bookkeeping, not a multi-node cluster's."}
 
+    def run(self, config: BenchmarkConfig, world_size: int, *, paths: RunPaths, cell: CellPaths | None = None,
+            repeat: int = 0, strategy: str | None = None, hosts: list | None = None) -> CellResult:
+        if hosts:  # across hosts: a bad split is refused before anything is written
+            from pipelines.launch import host_nproc
+
+            if config.engine("ray").address:
+                raise ValueError(f"ray: hosts= builds the cell's own cluster on them; leave "
+                                 f"engines.ray.address empty (got {config.engine('ray').address!r})")
+            host_nproc(world_size, len(hosts))
+        return super().run(config, world_size, paths=paths, cell=cell, repeat=repeat, strategy=strategy,
+                           hosts=hosts)
+
     def launch(self, spec: CellSpec, launch_time: float) -> None:
         import ray
-        import torch
-        from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-        from ray.train.torch import TorchTrainer
-
-        from pipelines.training.checkpoint import KEEP
-        from pipelines.training.ray_worker import train_loop_per_worker
 
         cfg = spec.config
+        self._hosts_by_cell().pop(spec.cell_dir, None)  # this attempt runs on this host
         runtime_env = {"env_vars": worker_env_vars()}
         # ray.init replaces the driver's SIGTERM handler with one that exits at once: the project's
         # (pipelines.signals) is saved here and put back after the cell (restore)
@@ -149,28 +198,24 @@ class RayBackend(TrainingBackend):
             # driver whose raylet dies while it waits in ray.get exits by itself (code 1) before it
             # can record the failure (seen in CI).
             handlers.raise_once()
-            trainer = TorchTrainer(
-                train_loop_per_worker,
-                train_loop_config={"cell_dir": str(spec.cell_dir), "launch_time": launch_time},
-                scaling_config=ScalingConfig(num_workers=spec.world_size, use_gpu=torch.cuda.is_available(),
-                                             resources_per_worker={"CPU": cfg.training.threads_per_worker}),
-                run_config=RunConfig(
-                    storage_path=str(spec.cell_dir / "ray"), name=spec.cell_dir.name,
-                    failure_config=FailureConfig(max_failures=0),
-                    checkpoint_config=CheckpointConfig(num_to_keep=KEEP),  # as many as the loop keeps
-                    worker_runtime_env=runtime_env),
-            )
-            try:
-                result = trainer.fit()  # raises ray.train.TrainingFailedError when a worker failed
-            except BaseException as err:
-                raise handlers.terminated() or signals.cause_of(err) or err  # Ray wraps it in a SystemError
-            if handlers.terminated():  # Ray swallowed the handler's exception: stop now all the same
-                raise handlers.terminated()
-            log.info("ray: run %s finished; latest checkpoint %s", result.path,
-                     result.checkpoint.path if result.checkpoint else None)
+            fit(torch_trainer(spec, launch_time, runtime_env), handlers)
         finally:
             self._shutdown(local=not cfg.engine("ray").address)
             handlers.restore()
+
+    def launch_on_hosts(self, spec: CellSpec, launch_time: float, hosts: list) -> None:
+        """A Ray cluster built on ``hosts`` (head on hosts[0], one node per host), the driver on
+        hosts[0], every node stopped afterwards (``pipelines.ray_hosts``)."""
+        from pipelines import ray_hosts
+
+        self._hosts_by_cell()[spec.cell_dir] = len(hosts)
+        ray_hosts.launch(spec, launch_time, hosts)
+
+    def _hosts_by_cell(self) -> dict[Path, int]:
+        """Cell folder -> hosts its latest launch used (``platform_fields`` reads it)."""
+        if not hasattr(self, "_hosts_used"):
+            self._hosts_used: dict[Path, int] = {}
+        return self._hosts_used
 
     @staticmethod
     def _shutdown(local: bool) -> None:
@@ -203,4 +248,7 @@ class RayBackend(TrainingBackend):
         return {"ray": ray.__version__, "launcher": "TorchTrainer", "ray_model_wrapper": MODEL_WRAPPER}
 
     def platform_fields(self, spec: CellSpec) -> dict:
+        hosts = self._hosts_by_cell().get(spec.cell_dir)
+        if hosts:
+            return {"platform_mode": f"cluster-{hosts}-hosts"}
         return {"platform_mode": "cluster" if spec.config.engine("ray").address else "local-cluster"}

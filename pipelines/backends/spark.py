@@ -7,6 +7,9 @@ result file.
 
 Cluster run (tests/scaleout/test_spark_cluster.py starts a standalone master + 2 workers):
     python -m pipelines train --backend spark --workers 2 --set spark_master=spark://host:7077
+
+Across launch hosts (``run_cell(..., hosts=cluster.hosts)``): a standalone cluster built on the
+hosts, the driver on the first (``pipelines.spark_hosts``); ``platform_mode`` cluster-<k>-hosts.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from pipelines import spark_torch
 from pipelines.backends.base import TrainingBackend
 from pipelines.cell import CellSpec
 from pipelines.config import Backend, deployment
+from pipelines.spark_hosts import SparkOnHosts
 from pipelines.training.worker import train_worker
 
 log = logging.getLogger(__name__)
@@ -42,7 +46,7 @@ class SparkSettings(BaseModel):
                          "master URL (spark://host:7077, k8s://..., yarn)")
 
 
-class SparkBackend(TrainingBackend):
+class SparkBackend(SparkOnHosts, TrainingBackend):
     name = Backend.SPARK
     order = 10
     label = "Spark TorchDistributor"
@@ -54,6 +58,7 @@ class SparkBackend(TrainingBackend):
                              "plus TorchDistributor's launch, not a Spark cluster's scheduling or data feed."}
 
     def launch(self, spec: CellSpec, launch_time: float) -> None:
+        self.hosts_used(spec, forget=True)  # this machine (a previous attempt may have used hosts)
         spark_torch.run_distributor(spec, launch_time, self.train)
 
     def train(self, spark, distributor, spec: CellSpec, launch_time: float) -> None:
@@ -61,7 +66,7 @@ class SparkBackend(TrainingBackend):
         distributor.run(train_worker, str(spec.cell_dir), launch_time)
 
     def platform_fields(self, spec: CellSpec) -> dict:
-        return spark_torch.platform_fields(spec)
+        return spark_torch.platform_fields(spec, hosts=self.hosts_used(spec))
 
     def versions(self) -> dict[str, str]:
         return spark_torch.versions()

@@ -23,7 +23,9 @@ inside the cell's timed window, since that is what feeding data through Spark co
 (launch -> first step) includes it.
 
 The barrier tasks need executors: a ``local[...]`` master is refused before the cell starts
-(``local_master_refusal``; pipelines.preflight checks it before the data stage too).
+(``local_master_refusal``; pipelines.preflight checks it before the data stage too), unless the
+cell runs across launch hosts (``run_cell(..., hosts=...)``), which builds its own standalone
+cluster on them (``pipelines.spark_hosts``; ``platform_mode`` cluster-<k>-hosts).
 
     python -m pipelines run --profile nightly --set 'backends=["spark", "spark_dataframe"]'
 """
@@ -40,6 +42,7 @@ from pipelines.cell import CellSpec
 from pipelines.config import Backend, BenchmarkConfig, ConfigError, is_local_spark_master
 from pipelines.fileio import atomic_write_json
 from pipelines.paths import CellPaths, RunPaths
+from pipelines.spark_hosts import SparkOnHosts
 
 log = logging.getLogger(__name__)
 FEED_RECORD = "data_feed.json"
@@ -135,7 +138,7 @@ def training_frame(spark, paths: RunPaths, world_size: int, seed: int):
     return frame, record
 
 
-class SparkDataFrameBackend(TrainingBackend):
+class SparkDataFrameBackend(SparkOnHosts, TrainingBackend):
     name = Backend.SPARK_DATAFRAME
     order = 40
     label = "Spark TorchDistributor (DataFrame feed)"
@@ -149,17 +152,27 @@ class SparkDataFrameBackend(TrainingBackend):
     feed: ClassVar[type | None] = None
 
     def preflight(self, config: BenchmarkConfig, cells: list[tuple[str, int]]) -> list[str]:
-        refusal = local_master_refusal(config.engine("spark").master)
+        # on a cluster's hosts the cell brings its own standalone master (pipelines.spark_hosts)
+        refusal = local_master_refusal(config.engine("spark").master) if config.cluster.kind == "local" else None
         return [*([refusal] if refusal else []), *super().preflight(config, cells)]
+
+    def run(self, config: BenchmarkConfig, world_size: int, *, hosts: list | None = None, **kwargs):
+        """As every backend's; across ``hosts`` the configured master is not used (no refusal)."""
+        self._on_hosts = bool(hosts)
+        try:
+            return super().run(config, world_size, hosts=hosts, **kwargs)
+        finally:
+            self._on_hosts = False
 
     def spec(self, config: BenchmarkConfig, world_size: int, paths: RunPaths, cell: CellPaths,
              repeat: int, strategy: str | None = None) -> CellSpec:
-        problem = local_master_refusal(config.engine("spark").master)
+        problem = None if getattr(self, "_on_hosts", False) else local_master_refusal(config.engine("spark").master)
         if problem:
             raise ConfigError(problem)
         return super().spec(config, world_size, paths, cell, repeat, strategy)
 
     def launch(self, spec: CellSpec, launch_time: float) -> None:
+        self.hosts_used(spec, forget=True)  # this machine (a previous attempt may have used hosts)
         spark_torch.run_distributor(spec, launch_time, self.train)  # the session: as the files feed's
 
     def train(self, spark, distributor, spec: CellSpec, launch_time: float) -> None:
@@ -175,7 +188,7 @@ class SparkDataFrameBackend(TrainingBackend):
                                         record["rows_per_rank"], self.feed)
 
     def platform_fields(self, spec: CellSpec) -> dict:
-        return spark_torch.platform_fields(spec)
+        return spark_torch.platform_fields(spec, hosts=self.hosts_used(spec))
 
     def versions(self) -> dict[str, str]:
         return spark_torch.versions(launcher="TorchDistributor._train_on_dataframe")

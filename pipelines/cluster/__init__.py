@@ -4,13 +4,9 @@ Why: benchmark cells otherwise run on one host over loopback, where the network 
 ``pipelines.cluster.emulated`` for the design and the network policy it follows.
 """
 
-from pipelines.cluster.emulated import (
-    EmulatedCluster,
-    EmulatedHost,
-    NetworkSpec,
-    measure_throughput,
-    sweep,
-    why_unavailable,
-)
+from pipelines.cluster.emulated import EmulatedCluster, EmulatedHost, NetworkSpec, sweep, why_unavailable
+from pipelines.cluster.ssh import SSHHost, parse_host_entry, ssh_hosts
+from pipelines.cluster.throughput import measure_throughput
 
-__all__ = ["EmulatedCluster", "EmulatedHost", "NetworkSpec", "measure_throughput", "sweep", "why_unavailable"]
+__all__ = ["EmulatedCluster", "EmulatedHost", "NetworkSpec", "SSHHost", "measure_throughput", "parse_host_entry",
+           "ssh_hosts", "sweep", "why_unavailable"]

@@ -33,7 +33,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +41,7 @@ from typing import Self
 import psutil
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-CONTROLLERS = ("cpuset", "memory")
+CONTROLLERS = ("cpuset", "memory", "cpuacct")  # cpuacct: a host's CPU time (pipelines.resources)
 SUBNET = "10.213.0"  # /24; only ever configured inside this code's own namespaces
 OWNER_PATTERN = r"^bmc(\d+)-"  # group 1: the owner's PID
 _NAME = re.compile(r"^[a-z0-9_]{1,16}$")
@@ -129,6 +128,8 @@ def owner_pid(name: str, pattern: str = OWNER_PATTERN) -> int | None:
 
 
 def list_netns() -> list[str]:
+    if shutil.which("ip") is None:  # no iproute2 (e.g. a container): no namespace of ours can exist
+        return []
     out = _cmd(["ip", "netns", "list"], check=False).stdout
     return [line.split()[0] for line in out.splitlines() if line.strip()]
 
@@ -222,11 +223,23 @@ class EmulatedHost:
     def run(self, argv: list[str], env: dict | None = None, **popen_kwargs) -> subprocess.Popen:
         """Start argv inside this host: it joins the cgroups, then execs in the namespace."""
         procs_files = [str(cg / "cgroup.procs") for cg in self.cgroups]
+        env = {**(os.environ if env is None else env), "BENCHMARK_HOST": self.name}  # ranks say where they ran
         wrapped = ["/bin/sh", "-c", _JOIN_AND_EXEC, "sh", str(len(procs_files)), *procs_files,
                    self._cluster.ip_binary, "netns", "exec", self.netns, *map(str, argv)]
         proc = subprocess.Popen(wrapped, env=env, **popen_kwargs)
         self._cluster.processes.append(proc)
         return proc
+
+    def pids(self) -> list[int]:
+        """Every process on this host now (in its namespace or its cgroups)."""
+        return sorted(set(_netns_pids(self.netns) + [p for cg in self.cgroups for p in _cgroup_pids(cg)]))
+
+    def stop_processes(self, grace_s: float = 3.0) -> list[int]:
+        """SIGTERM, then SIGKILL, everything on this host (e.g. the daemons a cell started); the
+        host itself stays. Returns the pids it stopped."""
+        pids = self.pids()
+        kill_pids(pids, grace_s)
+        return pids
 
     def link_bytes(self) -> tuple[int, int]:
         """(tx_bytes, rx_bytes) of this host's eth0, from the kernel's interface counters."""
@@ -312,7 +325,7 @@ class EmulatedCluster:
             _cmd(["tc", "-n", sw, "qdisc", "replace", "dev", port, "root", "tbf", *tbf])
 
     def _make_cgroups(self, host: EmulatedHost, mem_node: int) -> None:
-        cpuset, memory = host.cgroups
+        cpuset, memory, _ = host.cgroups
         for path in host.cgroups:
             path.mkdir()
         (cpuset / "cpuset.cpus").write_text(str(host.core))
@@ -337,58 +350,3 @@ class EmulatedCluster:
                 proc.kill()
         self.processes.clear()
         self.started = False
-
-
-_SERVER = """
-import json, socket, sys, time
-srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-srv.bind((sys.argv[1], int(sys.argv[2]))); srv.listen(1); print("ready", flush=True)
-conn, _ = srv.accept(); n = 0
-while chunk := conn.recv(1 << 20):
-    n += len(chunk)
-print(json.dumps({"bytes": n, "end": time.monotonic()}), flush=True)
-"""
-_CLIENT = """
-import json, socket, sys, time
-addr, port, nbytes = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-for _ in range(100):
-    try:
-        sock = socket.create_connection((addr, port), timeout=30); break
-    except OSError:
-        time.sleep(0.05)
-start = time.monotonic(); block = b"x" * (1 << 20); left = nbytes
-while left > 0:
-    sock.sendall(block[:left]); left -= len(block)
-sock.shutdown(socket.SHUT_WR); sock.recv(1); sock.close()
-print(json.dumps({"start": start}), flush=True)
-"""
-
-
-def measure_throughput(src: EmulatedHost, dst: EmulatedHost, nbytes: int, port: int = 5201,
-                       python: str | None = None, timeout_s: float = 120.0) -> dict:
-    """TCP-push nbytes from src to dst; bits/s from the sender's first byte to the receiver's EOF.
-
-    Both ends read CLOCK_MONOTONIC, which is system-wide, so the two processes' times compare.
-    """
-    python = python or sys.executable
-    server = dst.run([python, "-c", _SERVER, dst.address, str(port)], stdout=subprocess.PIPE, text=True)
-    client = None
-    try:
-        if server.stdout.readline().strip() != "ready":
-            raise RuntimeError(f"throughput server in {dst.netns} did not start")
-        client = src.run([python, "-c", _CLIENT, dst.address, str(port), str(nbytes)],
-                         stdout=subprocess.PIPE, text=True)
-        client_out, _ = client.communicate(timeout=timeout_s)
-        server_out, _ = server.communicate(timeout=timeout_s)
-    finally:
-        for proc in (server, client):
-            if proc is not None and proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    if client.returncode != 0 or server.returncode != 0:
-        raise RuntimeError(f"throughput run failed: client rc {client.returncode}, "
-                           f"server rc {server.returncode}")
-    received = json.loads(server_out)["bytes"]
-    seconds = json.loads(server_out)["end"] - json.loads(client_out)["start"]
-    return {"bytes": received, "seconds": seconds, "bits_per_second": received * 8 / seconds}
-

@@ -25,11 +25,19 @@ def site_defaults(environ: dict[str, str] | None = None) -> dict[str, str]:
     return {path: environ[var] for path, var in deployment_fields().items() if var and environ.get(var)}
 
 
+def check_profiles(profile: Any, overrides: dict[str, Any] | None = None) -> None:
+    """ConfigError unless ``profile`` and ``overrides["profile"]`` (each where not None) name one
+    of PROFILES: a profile reaches report titles, mail subjects and links, so nothing else may."""
+    for where, name in (("profile", profile), ("overrides.profile", (overrides or {}).get("profile"))):
+        if name is not None and (not isinstance(name, str) or name not in PROFILES):
+            raise ConfigError(f"{where}: unknown profile {name!r} (allowed: {', '.join(PROFILES)})")
+
+
 def load_config(profile: str = "smoke", overrides: dict[str, Any] | None = None) -> BenchmarkConfig:
     """Profile defaults, then $MLFLOW_TRACKING_URI, then overrides (None = keep the default).
-    Keys are dotted paths (``training.epochs``) or flat names (``epochs``)."""
-    if profile not in PROFILES:
-        raise ConfigError(f"profile: unknown profile {profile!r} (allowed: {', '.join(PROFILES)})")
+    Keys are dotted paths (``training.epochs``) or flat names (``epochs``). ``profile``, and a
+    ``profile`` key of the overrides, must name one of PROFILES (ConfigError otherwise)."""
+    check_profiles("" if profile is None else profile, overrides)
     values = nest({**PROFILES[profile], "profile": profile})
     if os.environ.get("MLFLOW_TRACKING_URI"):  # e.g. the compose stack's MLflow server
         values = _merge(values, {"tracking": {"mlflow_tracking_uri": os.environ["MLFLOW_TRACKING_URI"]}})

@@ -20,10 +20,12 @@ import math
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from pipelines.config.profiles import PROFILES
 from pipelines.config.sections import (
-    IDENTITY_SECTIONS, SECTIONS, DataConfig, EnginesConfig, MatrixConfig, TrackingConfig, TrainingConfig,
+    DEFAULT_NETWORK, IDENTITY_SECTIONS, NETWORK_LOCAL, NETWORK_SSH, SECTIONS, ClusterConfig, DataConfig,
+    EnginesConfig, MatrixConfig, TrackingConfig, TrainingConfig,
 )
 from pipelines.config.strategy import TrainingStrategy
 
@@ -153,12 +155,38 @@ class BenchmarkConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    profile: str = "custom"
+    profile: str = "custom"  # built without a profile; else a name of PROFILES
     data: DataConfig = Field(default_factory=DataConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     matrix: MatrixConfig = Field(default_factory=MatrixConfig)
     engines: EnginesConfig = Field(default_factory=EnginesConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+
+    @field_validator("profile")
+    @classmethod
+    def _known_profile(cls, value: str) -> str:
+        """A profile name (pipelines.config.PROFILES), or "custom" (built without one): it reaches
+        reports, mail subjects and page links, so nothing else is taken."""
+        if value not in (*PROFILES, "custom"):
+            raise ValueError(f"unknown profile (allowed: {', '.join([*PROFILES, 'custom'])})")
+        return value
+
+    @model_validator(mode="after")
+    def _networks_fit_the_cluster(self) -> "BenchmarkConfig":
+        kind, networks = self.cluster.kind, self.matrix.networks or []
+        if kind == "local" and any(n != NETWORK_LOCAL for n in networks):
+            raise ValueError(f"matrix.networks (flat name: networks): {networks} need an emulated cluster "
+                             "(cluster.kind=emulated); a local run has the one network 'local'")
+        if kind == "emulated" and any(n in (NETWORK_LOCAL, NETWORK_SSH) for n in networks):
+            raise ValueError(f"matrix.networks (flat name: networks): {networks}: an emulated cluster's networks "
+                             "are link rates (unshaped, 10gbit, 1gbit, 100mbit, <n>mbit)")
+        if kind == "ssh" and any(n != NETWORK_SSH for n in networks):
+            raise ValueError(f"matrix.networks (flat name: networks): {networks}: real machines over SSH have "
+                             "their own network ('ssh'); it cannot be shaped")
+        if kind == "ssh" and not self.cluster.ssh_hosts:
+            raise ValueError("cluster.ssh_hosts: cluster.kind=ssh needs the machines (user@host[:port], node 0 first)")
+        return self
 
     @model_validator(mode="before")
     @classmethod
@@ -223,13 +251,17 @@ class BenchmarkConfig(BaseModel):
             return self.tracking.mlflow_tracking_uri
         return f"sqlite:///{Path(self.tracking.output_root).resolve() / 'mlflow.db'}"
 
-    def cells(self) -> list[tuple[str, str, int, int]]:
-        """Every (backend, strategy name, workers, repeat) training cell of this run, in a
-        stable order. Strategies about how ranks talk (comm hooks, local SGD, FSDP) have no
+    def networks(self) -> list[str]:
+        """The networks the cells run on: ``matrix.networks``, else the cluster's own one."""
+        return list(self.matrix.networks or [DEFAULT_NETWORK[self.cluster.kind]])
+
+    def cells(self) -> list[tuple[str, str, str, int, int]]:
+        """Every (backend, strategy name, network, workers, repeat) training cell of this run,
+        in a stable order. Strategies about how ranks talk (comm hooks, local SGD, FSDP) have no
         1-worker cell: they do not apply there (``not_applicable_cells`` lists them)."""
         m = self.matrix
-        return [(b, s.name, n, r) for r in range(m.repeats) for b in m.backends for s in m.strategies
-                for n in m.worker_counts if n > 1 or not s.needs_process_group]
+        return [(b, s.name, net, n, r) for r in range(m.repeats) for b in m.backends for s in m.strategies
+                for net in self.networks() for n in m.worker_counts if n > 1 or not s.needs_process_group]
 
     def not_applicable_cells(self) -> list[tuple[str, int]]:
         """(strategy name, workers) pairs left out of ``cells``: nothing to communicate."""
@@ -264,8 +296,10 @@ class BenchmarkConfig(BaseModel):
         for section in IDENTITY_SECTIONS:
             identity.update(getattr(self, section).model_dump(mode="json"))
         # new fields enter the identity only when used, so earlier runs keep their fingerprint
-        if identity.get("class_ratio") is None:
-            identity.pop("class_ratio", None)
+        for name, unused in (("class_ratio", None), ("near_duplicate_threshold", 0.9),
+                             ("max_near_duplicate_fraction", None), ("max_near_overlap_fraction", None)):
+            if identity.get(name, unused) == unused:
+                identity.pop(name, None)
         strategies = self.matrix.strategies
         if len(strategies) == 1 and not strategies[0].is_default:  # a cell's config
             identity["strategy"] = strategies[0].model_dump(mode="json")
@@ -315,7 +349,8 @@ def format_error(err: ValidationError) -> str:
             section = SECTIONS.get(str(e["loc"][0])) if len(e["loc"]) > 1 else BenchmarkConfig
             known = ", ".join(section.model_fields) if section else ""
             allowed = f" (known fields{' of ' + str(e['loc'][0]) if len(e['loc']) > 1 else ''}: {known})"
-        lines.append(f"{field}: {e['msg']}{allowed}; got {e.get('input')!r}")
+        got = f"; got {e.get('input')!r}" if e["loc"] else ""  # a whole-config rule: its message says it
+        lines.append(f"{field}: {e['msg']}{allowed}{got}")
     return "invalid benchmark config:\n  " + "\n  ".join(lines)
 
 

@@ -46,6 +46,12 @@ class DataConfig(Section):
     # data contract (GX): what a usable benchmark data set is; relaxing it keeps a run out of baselines
     max_overlap_fraction: float = Field(0.01, ge=0, le=1)  # test rows whose text is also in train
     max_duplicate_fraction: float = Field(0.05, ge=0, le=1)  # repeated texts within one split
+    # the two bounds above also hold on normalised text (NFKC, case, spacing, punctuation, markup
+    # ignored); near-duplicates: MinHash of 3-word shingles, two reviews at this Jaccard similarity
+    # or above count as one (pipelines.data.near_duplicates); None bounds = the exact ones above
+    near_duplicate_threshold: float = Field(0.9, gt=0, le=1)
+    max_near_duplicate_fraction: float | None = Field(None, ge=0, le=1)  # near-copies within one split
+    max_near_overlap_fraction: float | None = Field(None, ge=0, le=1)  # test rows with a near-copy in train
     min_rows_per_class: int = Field(5, ge=1)  # in train and in test
     allow_small_data: bool = False  # fewer rows than requested / classes below the minimum pass
     validation_fraction: float = Field(0.1, gt=0, lt=0.5)  # of train, held out (stratified, seeded)
@@ -94,6 +100,17 @@ class MatrixConfig(Section):
     # a failed cell is trained again this many times, resuming from its last checkpoint: the
     # same policy for the CLI and the DAG (pipelines.stages.train_cell)
     cell_retries: int = Field(2, ge=0, le=10)
+    # losing a host (pipelines.faults): "host_loss" kills every process of a cell's last host in the
+    # middle of epoch fault_epoch of its first attempt; the platform gets recovery_deadline_s to
+    # recover by its own means (platform_retries: torchrun --max-restarts, Ray FailureConfig
+    # max_failures, Spark spark.task.maxFailures - 1), then the project's retry may
+    fault: Literal["none", "host_loss"] = "none"
+    fault_epoch: int = Field(1, ge=1)
+    recovery_deadline_s: float = Field(120.0, gt=0, le=3600)
+    platform_retries: int = Field(0, ge=0, le=10)
+    # the networks each cell runs on (emulated cluster): "unshaped", "10gbit", "1gbit", "100mbit",
+    # "<n>mbit"; None = the cluster's own ("local" on one host, "1gbit" emulated, "ssh" real machines)
+    networks: list[str] | None = Field(None, min_length=1, json_schema_extra={"examples": [["1gbit"], ["unshaped", "100mbit"]]})
 
     @field_validator("worker_counts")
     @classmethod
@@ -101,6 +118,11 @@ class MatrixConfig(Section):
         if any(n < 1 for n in v):
             raise ValueError("every worker count must be >= 1")
         return sorted(set(v))
+
+    @field_validator("networks")
+    @classmethod
+    def _known_networks(cls, v: list[str] | None) -> list[str] | None:
+        return None if v is None else list(dict.fromkeys(check_network(n) for n in v))
 
     @field_validator("backends")
     @classmethod
@@ -165,6 +187,40 @@ class EnginesConfig(BaseModel):
         return found if found is not None or settings is None else settings()
 
 
+NETWORK_LOCAL = "local"  # one host, loopback: today's cells
+NETWORK_SSH = "ssh"  # real machines: whatever their network is
+
+
+def check_network(name: str) -> str:
+    """A network a cell may run on: ``local``, ``ssh`` or an emulated link (``unshaped``,
+    ``10gbit``, ``1gbit``, ``100mbit``, ``<n>mbit``, ``<n>gbit``)."""
+    from pipelines.cluster.emulated import NetworkSpec
+
+    name = str(name).strip().lower()
+    if name in (NETWORK_LOCAL, NETWORK_SSH):
+        return name
+    return NetworkSpec.parse(name).text  # ValueError names what is allowed
+
+
+class ClusterConfig(Section):
+    """Where the cells run: this host (``local``), hosts emulated on it (network namespaces with
+    shaped links and one core each: ``pipelines.cluster``) or real machines over SSH."""
+
+    kind: Literal["local", "emulated", "ssh"] = "local"
+    hosts: int = Field(2, ge=1, le=16)  # emulated: how many
+    cores_per_host: int = Field(1, ge=1, le=1)  # emulated: a host is pinned to one core
+    memory_mb_per_host: int | None = Field(None, ge=256)  # emulated: a memory cgroup limit
+    # ssh: "user@host[:port]" per machine, node 0 first; the run folder and this project's Python must
+    # be at the same paths there (shared storage), as for multi-node torchrun
+    ssh_hosts: list[str] = deployment([], env="BENCHMARK_SSH_HOSTS")
+    ssh_identity: str | None = deployment(None, env="BENCHMARK_SSH_IDENTITY")  # private key file
+
+    @field_validator("ssh_hosts", mode="before")
+    @classmethod
+    def _host_list(cls, v: Any) -> Any:  # BENCHMARK_SSH_HOSTS="root@a root@b:2222" (or commas)
+        return v.replace(",", " ").split() if isinstance(v, str) else v
+
+
 class TrackingConfig(Section):
     """Where results go (run folders, MLflow) and how they are judged."""
 
@@ -174,6 +230,18 @@ class TrackingConfig(Section):
     mlflow_experiment: str = "distributed-training-benchmark"
     target_accuracy: float = Field(0.7, gt=0, le=1)  # for time-to-accuracy
     price_per_worker_hour: float = Field(0.0, ge=0)
+    # The price sheet a cell's cost is priced from (pipelines.evaluation.resource_cost), USD:
+    # provisioned CPUs x wall hours x price_per_cpu_hour + peak memory GB x wall hours x
+    # price_per_gb_hour + GPUs x wall hours x price_per_gpu_hour. Defaults: Google Cloud Compute
+    # Engine on-demand list prices, us-central1 (cloud.google.com/compute/vm-instance-pricing and
+    # /compute/gpus-pricing): N2 vCPU 0.031611/h (SKU BB77-5FDA-69D9), N2 memory 0.004237/GiB-h
+    # (SKU 5B01-D157-A097), NVIDIA A100 40GB 2.933908/GPU-h; as public GCP rate tables carry these
+    # SKUs, looked up 2026-12-01. price_source is what the report states: change it with the prices.
+    price_per_cpu_hour: float = Field(0.031611, ge=0)
+    price_per_gb_hour: float = Field(0.004237, ge=0)
+    price_per_gpu_hour: float = Field(2.933908, ge=0)
+    price_source: str = ("Google Cloud Compute Engine on-demand list prices, us-central1: N2 vCPU, N2 memory "
+                         "(per GiB), NVIDIA A100 40GB (looked up 2026-12-01)")
     regression_time_threshold: float = Field(0.25, gt=0)  # slowdown fraction that fails
     regression_accuracy_drop: float = Field(0.05, gt=0)  # absolute accuracy drop that fails
     regression_baseline_runs: int = Field(5, ge=1, le=50)  # K: baseline = median of the last K runs
@@ -182,5 +250,7 @@ class TrackingConfig(Section):
 
 
 SECTIONS: dict[str, type[BaseModel]] = {"data": DataConfig, "training": TrainingConfig, "matrix": MatrixConfig,
-                                        "engines": EnginesConfig, "tracking": TrackingConfig}
+                                        "engines": EnginesConfig, "cluster": ClusterConfig,
+                                        "tracking": TrackingConfig}
+DEFAULT_NETWORK = {"local": NETWORK_LOCAL, "emulated": "1gbit", "ssh": NETWORK_SSH}
 IDENTITY_SECTIONS = ("data", "training")  # what a cell trains: the fingerprint and checkpoint identity

@@ -81,8 +81,10 @@ def snapshot_expectations(config: BenchmarkConfig, expected_rows: int, labels: l
     ]
 
 
-def contract_frame(frames: dict[str, pd.DataFrame], manifest: dict, labels: list[int]) -> pd.DataFrame:
-    """One row of data-contract facts: leakage, duplicates, rows against the request, class sizes."""
+def contract_frame(frames: dict[str, pd.DataFrame], manifest: dict, labels: list[int],
+                   text_facts: dict[str, float] | None = None) -> pd.DataFrame:
+    """One row of data-contract facts: leakage, duplicates, rows against the request, class sizes;
+    ``text_facts``: the normalised and near-duplicate fractions (``near_duplicates.text_duplicates``)."""
     facts: dict[str, float] = {}
     if all("text" in f.columns for f in frames.values()):
         train_texts = set(frames["train"]["text"].dropna()) | set(frames["validation"]["text"].dropna())
@@ -98,15 +100,53 @@ def contract_frame(frames: dict[str, pd.DataFrame], manifest: dict, labels: list
         facts[f"rows_short_{split}"] = float(max(0, (requested or 0) - sampled[split]))
         counts = frames[split]["label"].value_counts() if "label" in frames[split].columns else pd.Series()
         facts[f"smallest_class_{split}"] = float(min((counts.get(k, 0) for k in labels), default=0))
+    facts.update({k: float(v) for k, v in (text_facts or {}).items()})
     return pd.DataFrame([facts])
 
 
-def contract_expectations(config: BenchmarkConfig, columns: list[str]) -> list:
+def near_bounds(config: BenchmarkConfig) -> tuple[float, float]:
+    """(within-split, test-in-train) bounds on near-duplicates: the exact ones unless set."""
+    data = config.data
+    duplicate, overlap = data.max_near_duplicate_fraction, data.max_near_overlap_fraction
+    return (data.max_duplicate_fraction if duplicate is None else duplicate,
+            data.max_overlap_fraction if overlap is None else overlap)
+
+
+def _text_rule(config: BenchmarkConfig, column: str) -> tuple[float, str] | None:
+    """Bound and rule of a normalised / near-duplicate fact column, None for other columns."""
+    data, (near_duplicate, near_overlap) = config.data, near_bounds(config)
+    normal = "normalised text (NFKC, case-folded, markup and punctuation removed, spaces collapsed)"
+    near = (f"near-copy (MinHash of 3-word shingles of the normalised text, Jaccard >= "
+            f"{data.near_duplicate_threshold}, near_duplicate_threshold)")
+    split = column.rsplit("_", 1)[-1]
+    if column == "test_rows_in_train_normalized_fraction":
+        return data.max_overlap_fraction, (f"rule normalised train/test overlap: test rows whose {normal} is "
+                                           f"also in train <= max_overlap_fraction={data.max_overlap_fraction}")
+    if column == "test_rows_near_train_fraction":
+        return near_overlap, (f"rule near-duplicate train/test overlap: test rows with a {near} in train "
+                              f"<= max_near_overlap_fraction={near_overlap}")
+    if column.startswith("normalized_duplicate_fraction_"):
+        return data.max_duplicate_fraction, (f"rule normalised duplicates: {split} rows whose {normal} repeats "
+                                             f"an earlier row's <= max_duplicate_fraction={data.max_duplicate_fraction}")
+    if column.startswith("near_duplicate_fraction_"):
+        return near_duplicate, (f"rule near-duplicates: {split} rows with an earlier {near} <= "
+                                f"max_near_duplicate_fraction={near_duplicate}")
+    return None
+
+
+def contract_expectations(config: BenchmarkConfig, columns: list[str],
+                          examples: dict[str, list[dict]] | None = None) -> list:
+    """The contract's bounds, one per fact column; a normalised / near-duplicate one carries its
+    rule (``meta.notes``) and a few matching rows of both sides (``meta.examples``)."""
     import great_expectations.expectations as gxe
 
     out = []
     for column in columns:
-        if column == "test_rows_in_train_fraction":
+        rule = _text_rule(config, column)
+        if rule is not None:
+            meta = {"notes": rule[1], "examples": (examples or {}).get(column, [])}
+            out.append(gxe.ExpectColumnValuesToBeBetween(column=column, max_value=rule[0], meta=meta))
+        elif column == "test_rows_in_train_fraction":
             out.append(gxe.ExpectColumnValuesToBeBetween(column=column, max_value=config.data.max_overlap_fraction))
         elif column.startswith("duplicate_fraction_"):
             out.append(gxe.ExpectColumnValuesToBeBetween(column=column, max_value=config.data.max_duplicate_fraction))

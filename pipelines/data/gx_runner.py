@@ -138,8 +138,17 @@ def failures_of(split: str, result: dict) -> list[dict]:
                    "observed": observed, "expected": _short(expected) if expected else ""}
         if (cfg.get("meta") or {}).get("notes"):  # what the bound means and how to change it
             failure["note"] = str(cfg["meta"]["notes"])
+        if (cfg.get("meta") or {}).get("examples"):  # a few offending rows (near-duplicate checks)
+            failure["examples"] = list(cfg["meta"]["examples"])
         out.append(failure)
     return out
+
+
+def example_line(example: dict) -> str:
+    """``test[3] "text..." ~ train[12] "text..." (Jaccard 0.95)``: one matching pair of rows."""
+    similarity = f" (Jaccard {example['jaccard']})" if "jaccard" in example else " (same normalised text)"
+    return (f"{example.get('row')} {example.get('text', '')!r} ~ {example.get('match')} "
+            f"{example.get('match_text', '')!r}{similarity}")
 
 
 def _finish(paths: RunPaths, context, stage: str, results: dict[str, dict], extra: dict) -> dict:
@@ -163,6 +172,7 @@ def _finish(paths: RunPaths, context, stage: str, results: dict[str, dict], extr
             f"  - {f['split']}: {f['expectation']} on {f['column']}: observed {f['observed']}"
             + (f" (expected {f['expected']})" if f["expected"] else "")
             + (f": {f['note']}" if f.get("note") else "")
+            + "".join(f"\n      e.g. {example_line(e)}" for e in f.get("examples", []))
             for f in failures
         ]
         raise DataValidationError(

@@ -20,12 +20,18 @@ split, expectation type, column and observed value. The data contract (suite
 ``max_overlap_fraction`` (IMDB itself has 0.5 %), repeated texts within a split above
 ``max_duplicate_fraction``, fewer rows than requested and classes below ``min_rows_per_class``
 (the last two pass with ``allow_small_data``, and such a run is never a regression baseline).
+The overlap and duplicate bounds also hold on normalised text (case, spacing, punctuation and
+markup ignored) and on near-copies (MinHash, Jaccard >= ``near_duplicate_threshold``; bounds
+``max_near_overlap_fraction`` / ``max_near_duplicate_fraction``, by default the exact ones):
+``pipelines.data.near_duplicates``. Their expectations carry the rule and a few matching rows
+of both sides (``meta``), which the failure message shows.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -39,6 +45,7 @@ from pipelines.data.expectations import class_share_bound  # noqa: F401  (import
 from pipelines.data.gx_runner import DataValidationError, _context, _finish, _run_suite
 from pipelines.data.gx_runner import failures_of  # noqa: F401  (imported from here)
 from pipelines.data.manifest import SNAPSHOT_SPLITS, read_manifest
+from pipelines.data.near_duplicates import text_duplicates
 from pipelines.paths import RunPaths
 
 log = logging.getLogger(__name__)
@@ -76,10 +83,14 @@ def validate_snapshot(config: BenchmarkConfig, paths: RunPaths) -> dict:
         results[f"{split}_classes"] = _run_suite(context, paths, "snapshot", f"{split}_classes",
                                                  class_frame(frames[split], labels),
                                                  class_expectations(config, labels, split))
-    # the data contract: no leakage into test, few duplicates, the rows and classes asked for
-    contract = contract_frame(frames, manifest, labels)
+    # the data contract: no leakage into test, few duplicates (exact, normalised, near-copies),
+    # the rows and classes asked for
+    started = time.perf_counter()
+    texts = text_duplicates(frames, config.data.near_duplicate_threshold)
+    seconds = round(time.perf_counter() - started, 3)
+    contract = contract_frame(frames, manifest, labels, texts.facts)
     results["contract"] = _run_suite(context, paths, "snapshot", "contract", contract,
-                                     contract_expectations(config, list(contract.columns)))
+                                     contract_expectations(config, list(contract.columns), texts.examples))
     facts = contract.iloc[0].to_dict()
     overlap = _overlap(frames)
     if overlap["test_rows_in_train"]:
@@ -89,6 +100,8 @@ def validate_snapshot(config: BenchmarkConfig, paths: RunPaths) -> dict:
         "snapshot_sha256": {s: manifest["splits"][s]["sha256"] for s in SNAPSHOT_SPLITS},
         "labels": labels,
         "contract": {"facts": facts, "relaxed": contract_relaxed(config, facts)},
+        "near_duplicates": {**texts.settings, "rows": texts.counts, "examples": texts.examples,
+                            "seconds": seconds},
     }
     return _finish(paths, context, "snapshot", results, extra)
 

@@ -4,20 +4,27 @@ on setup, fault tolerance, dataset, model and hardware, and the page put togethe
 from __future__ import annotations
 
 import base64
+import html
 import json
 import logging
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from pipelines.config import BenchmarkConfig
 from pipelines.evaluation import read_cells
 from pipelines.fileio import atomic_write_text
-from pipelines.paths import RunPaths
-from pipelines.report.plots import (plot_accuracy_curves, plot_overhead, plot_phases, plot_scaling_efficiency,
-                                    plot_time_vs_workers)
+from pipelines.paths import RunPaths, cell_name
+from pipelines.report.network import has_networks, network_lines
+from pipelines.report.plots import (plot_accuracy_curves, plot_network, plot_overhead, plot_phases,
+                                    plot_scaling_efficiency, plot_time_vs_workers, plot_verdict)
+from pipelines.report.costs import costs_markdown, timeline_plots
+from pipelines.report.faults import faults_markdown
 from pipelines.report.study import _study_lines
-from pipelines.report.tables import (TABLE_COLUMNS, _md_table, _phase_lines, _strategy_lines, _text,
-                                     platform_view, table_rows)
+from pipelines.report.tables import (_code, _md_table, _phase_lines, _strategy_lines, _text,
+                                     comparison_tables, platform_view)
+from pipelines.report.verdict import CHART as VERDICT_CHART
+from pipelines.report.verdict import VERDICT_FILE, Verdict, build_verdict, read_regression, write_verdict
 from pipelines.results import CellResult
 from pipelines.summary import RunSummary, read_summary
 
@@ -38,12 +45,12 @@ def _dataset_lines(summary: RunSummary, config: BenchmarkConfig) -> list[str]:
         return [f"- Source: {_text(config.data.dataset_source)} (no snapshot manifest found)"]
     lines = [f"- Source: {_text(manifest.get('source', config.data.dataset_source))}"
              + (f" ({_text(manifest['source_kind'])})" if manifest.get("source_kind") else "")
-             + f", sampling seed {manifest.get('seed', config.training.seed)}"]
+             + f", sampling seed {_text(manifest.get('seed', config.training.seed))}"]
     for split, info in (manifest.get("splits") or {}).items():
         sha = str(info.get("sha256", ""))[:12]
-        lines.append(f"- {split}: {info.get('rows')} rows (of {info.get('source_rows')} in the source), "
-                     f"per label {json.dumps(info.get('rows_per_label'))}"
-                     + (f", content sha256 `{sha}...`" if sha else ""))
+        lines.append(f"- {_text(split)}: {_text(info.get('rows'))} rows (of {_text(info.get('source_rows'))} in "
+                     f"the source), per label {_text(json.dumps(info.get('rows_per_label')))}"
+                     + (f", content sha256 {_code(sha + '...')}" if sha else ""))
     return lines
 
 
@@ -63,8 +70,8 @@ def _hardware_lines(summary: RunSummary) -> list[str]:
     versions = ", ".join(f"{k} {v}" for k, v in sorted(hw.versions.items())) or "unknown"
     return [f"- Device(s): {_text(', '.join(hw.devices) or 'unknown')}",
             f"- Host(s): {_text(', '.join(hw.hosts) or 'unknown')}; "
-            f"CPU count (evaluating host): {hw.cpu_count}",
-            f"- Versions: {versions}"]
+            f"CPU count (evaluating host): {_text(hw.cpu_count)}",
+            f"- Versions: {_text(versions)}"]
 
 
 def _batch_policy_lines(config: BenchmarkConfig) -> list[str]:
@@ -79,7 +86,8 @@ def _batch_policy_lines(config: BenchmarkConfig) -> list[str]:
                "sqrt": "the learning rate scaled with the square root of the global batch"}[config.training.lr_scaling]
     return [batch, f"- Learning rate: {config.training.learning_rate} at 1 worker, {scaling} (lr_scaling={config.training.lr_scaling}).",
             f"- Repeats: repeat r trains with seed {config.training.seed} + r (initialisation and data order); "
-            "intervals are 95 % bootstrap intervals of the median over the repeats (n = repeats)."]
+            + ("intervals are 95 % bootstrap intervals of the median over the repeats (n = repeats)."
+               if config.matrix.repeats > 1 else "one repeat per cell, so no intervals.")]
 
 
 def _recovery_lines(summary: RunSummary) -> list[str]:
@@ -87,53 +95,118 @@ def _recovery_lines(summary: RunSummary) -> list[str]:
     resumed = [c for c in summary.cells if c.resumed]
     if not resumed:
         return ["No cell needed a second attempt."]
-    lines = [f"- `{c.cell}`: {c.attempts} attempts, {c.lost_seconds:.1f} s of training lost, "
+    lines = [f"- {_code(c.cell)}: {c.attempts} attempts, {c.lost_seconds:.1f} s of training lost, "
              f"{c.recovery_seconds:.1f} s from the failure to training again" for c in resumed]
     by_backend: dict[str, list[float]] = {}
     for c in resumed:
         by_backend.setdefault(c.backend, []).append(c.recovery_seconds + c.lost_seconds)
-    lines += [f"- {backend}: recovery cost (lost + recovery) median {sorted(v)[len(v) // 2]:.1f} s over "
+    lines += [f"- {_text(backend)}: recovery cost (lost + recovery) median {sorted(v)[len(v) // 2]:.1f} s over "
               f"{len(v)} resumed cell(s)" for backend, v in by_backend.items()]
     return lines
 
 
-def render_markdown(config: BenchmarkConfig, summary: RunSummary, plots: list[Path]) -> str:
+def _comparison_lines(summary: RunSummary) -> list[str]:
+    """The platform comparison as three narrow tables (time, quality, cost) and the note."""
+    lines: list[str] = []
+    for title, header, rows in comparison_tables(summary):
+        lines += [f"### {title}", "", _md_table(header, rows), ""]
+    return lines + [COMPARISON_NOTE]
+
+
+def _lists_apart(markdown_text: str) -> str:
+    """A blank line before every Markdown list that follows a paragraph line: without it the
+    items run on as one paragraph in the HTML."""
+    out: list[str] = []
+    for line in markdown_text.split("\n"):
+        if line.startswith("- ") and out and out[-1].strip() and not out[-1].startswith(("- ", "  ")):
+            out.append("")
+        out.append(line)
+    return "\n".join(out)
+
+
+def render_markdown(config: BenchmarkConfig, summary: RunSummary, plots: list[Path],
+                    verdict: Verdict | None = None, costs: str | None = None, faults: str | None = None) -> str:
+    """The report's Markdown: the verdict first, then the comparison, the other sections and the plots
+    (``plots``: the PNGs, the verdict's chart among them or not: it is shown under the verdict).
+    ``costs``: the "What each platform costs" section as Markdown with its own "## " title
+    (pipelines.report.costs.costs_markdown), placed right after the comparison tables."""
     failed = summary.failed
     full, summary = summary, platform_view(summary, config)  # platforms compare on one strategy
-    parts = [
-        f"# Distributed training benchmark: {summary.run}",
-        f"Profile `{config.profile}`, {config.training.epochs} epochs, batch {config.training.batch_size} "
-        f"({config.training.batch_policy.replace('_', ' ')}), sequence length {config.data.max_seq_len}, "
-        f"{config.matrix.repeats} repeat(s), target accuracy {config.tracking.target_accuracy} (validation split), "
-        f"price {config.tracking.price_per_worker_hour} per worker-hour. Config fingerprint `{summary.fingerprint}`. "
-        f"Status: **{summary.status}**.",
-        "## Comparison", _md_table(TABLE_COLUMNS, table_rows(summary)), COMPARISON_NOTE,
-        *(["## Training strategies", "\n".join(_strategy_lines(full, config))]
+    if verdict is None:
+        verdict = build_verdict(summary, chart=VERDICT_CHART if VERDICT_CHART in {p.name for p in plots} else None)
+    sections: list[tuple[str, list[str]]] = [
+        ("Verdict", verdict.markdown_lines()),
+        ("Comparison", _comparison_lines(summary)),
+        *([("", [costs.strip()])] if costs else []),  # "What each platform costs": its own title
+        *([("Training strategies", _strategy_lines(full, config))]
           if len(config.matrix.strategies) > 1 or not config.matrix.strategies[0].is_default else []),
-        "## Beside the published study", "\n".join(_study_lines(summary)),
-        "## Where the time goes", "\n".join(_phase_lines(summary)),
-        "## Training setup", "\n".join(_batch_policy_lines(config)),
-        "## Fault tolerance (resumed cells)", "\n".join(_recovery_lines(summary)),
-        "## Dataset", "\n".join(_dataset_lines(summary, config)),
-        "## Model", "\n".join(_model_lines(summary, config)),
-        "## Hardware", "\n".join(_hardware_lines(summary)),
-        "## Failed cells",
-        "\n".join(f"- {_text(f.cell)}: {_text(f.error)}" for f in failed) if failed else "None.",
-        "## Plots", "\n\n".join(f"![{p.stem}]({p.name})" for p in plots),
+        *([("Network", network_lines(full, config))] if has_networks(full) else []),
+        ("Beside the published study", _study_lines(summary)),
+        ("Where the time goes", _phase_lines(summary)),
+        ("Training setup", _batch_policy_lines(config)),
+        ("Fault tolerance (resumed cells)", _recovery_lines(summary)),
+        *([("", [faults.strip()])] if faults else []),  # "Losing a host" (pipelines.report.faults)
+        ("Dataset", _dataset_lines(summary, config)),
+        ("Model", _model_lines(summary, config)),
+        ("Hardware", _hardware_lines(summary)),
+        ("Failed cells", [f"- {_text(f.cell)}: {_text(f.error)}" for f in failed] or ["None."]),
+        ("Plots", ["\n\n".join(f"![{p.stem}]({p.name})" for p in plots if p.name != verdict.chart)]),
     ]
-    return "\n\n".join(parts) + "\n"
+    parts = [
+        f"# Distributed training benchmark: {_text(summary.run)}",
+        f"Profile {_code(config.profile)}, {config.training.epochs} epochs, batch {config.training.batch_size} "
+        f"({_text(config.training.batch_policy.replace('_', ' '))}), sequence length {config.data.max_seq_len}, "
+        f"{config.matrix.repeats} repeat(s), target accuracy {config.tracking.target_accuracy} (validation split), "
+        f"price {config.tracking.price_per_worker_hour} per worker-hour. Config fingerprint {_code(summary.fingerprint)}. "
+        f"Status: **{_text(summary.status)}**.",
+        *((f"## {title}\n\n" if title else "") + "\n".join(lines) for title, lines in sections),
+    ]
+    return _lists_apart("\n\n".join(parts) + "\n")
+
+
+SAFE_URL_SCHEMES = ("", "http", "https")  # links and images of the HTML report (relative: the plots)
+
+
+def _safe_url(url: str) -> bool:
+    """Whether a link or image URL may stay in the HTML report: http(s) or relative, no
+    ``javascript:``/``data:``/``vbscript:``. Character references are decoded first and urlsplit
+    drops tabs and newlines, as a browser reads ``java&#9;script:``."""
+    try:
+        return urlsplit(html.unescape(url).strip()).scheme.lower() in SAFE_URL_SCHEMES
+    except ValueError:
+        return False
+
+
+def _markdown_to_html(markdown_text: str) -> str:
+    """Markdown -> HTML with raw HTML off: tags in the text come out as text, never as markup
+    (python-markdown's block and inline HTML passes are removed); unsafe link URLs are dropped."""
+    import markdown
+    from markdown.treeprocessors import Treeprocessor
+
+    class SafeUrls(Treeprocessor):
+        def run(self, root):
+            for element in root.iter():
+                for attr in ("href", "src"):
+                    if element.get(attr) is not None and not _safe_url(element.get(attr)):
+                        del element.attrib[attr]
+
+    md = markdown.Markdown(extensions=["tables"])
+    md.preprocessors.deregister("html_block")  # <div>...</div> blocks: passed through raw
+    md.inlinePatterns.deregister("html")  # inline <tag>, </tag>, <!-- -->: passed through raw
+    md.treeprocessors.register(SafeUrls(md), "safe_urls", 1)  # after "inline" (20) made the links
+    return md.convert(markdown_text)
 
 
 def render_html(markdown_text: str, report_dir: Path) -> str:
-    import markdown
-
-    body = markdown.markdown(markdown_text, extensions=["tables"])
+    body = _markdown_to_html(markdown_text)
     for png in sorted(report_dir.glob("*.png")):  # one self-contained page
         data = base64.b64encode(png.read_bytes()).decode()
         body = body.replace(f'src="{png.name}"', f'src="data:image/png;base64,{data}"')
-    style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto}"
-             "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px}"
-             "img{max-width:100%}")
+    # 1180 px of text: with its margins the page fits a 1280-pixel window; the tables are split
+    # narrow enough to fit it (report.tables.COMPARISON_TABLES, split_table)
+    style = ("body{font-family:sans-serif;max-width:1180px;margin:2em auto;padding:0 1em}"
+             "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 6px}"
+             "img{max-width:100%}li{margin:.2em 0}")
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>Benchmark report</title>"
             f"<style>{style}</style></head><body>{body}</body></html>\n")
 
@@ -146,16 +219,26 @@ def build_report(config: BenchmarkConfig, paths: RunPaths) -> dict[str, Any]:
     first = config.matrix.strategies[0].name
     results = [r for r in read_cells(config, paths).values() if isinstance(r, CellResult) and r.strategy == first]
     paths.report.mkdir(parents=True, exist_ok=True)
+    verdict_chart = plot_verdict(summary, paths.plot(Path(VERDICT_CHART).stem))
+    verdict = build_verdict(summary, read_regression(paths), chart=verdict_chart.name)
+    write_verdict(verdict, paths)
     plots = [
+        verdict_chart,
         plot_time_vs_workers(summary, paths.plot("time_vs_workers")),
         plot_scaling_efficiency(summary, paths.plot("scaling_efficiency")),
         plot_accuracy_curves(results, config.tracking.target_accuracy, paths.plot("accuracy_curves")),
         plot_overhead(summary, paths.plot("overhead_vs_ddp")),
         plot_phases(summary, paths.plot("phases")),
+        *([plot_network(full, paths.plot("network"))] if has_networks(full) else []),
     ]
-    md = render_markdown(config, full, plots)
+    every = {key: r for key, r in read_cells(config, paths).items() if isinstance(r, CellResult)}
+    by_cell = {cell_name(b, w, r, s, net): res for (b, s, net, w, r), res in every.items()}
+    timeline_plots(by_cell, paths.cells, paths.report)  # report/timeline-<cell>.png, shown by the costs section
+    md = render_markdown(config, full, plots, verdict, costs=costs_markdown(full, by_cell, paths.report),
+                         faults=faults_markdown(by_cell))
     atomic_write_text(paths.report_markdown, md)
     atomic_write_text(paths.report_html, render_html(md, paths.report))
     log.info("report written to %s", paths.report)
     return {"markdown": str(paths.report_markdown), "html": str(paths.report_html),
-            "plots": [str(p) for p in plots], "summary": str(paths.summary)}
+            "plots": [str(p) for p in plots], "summary": str(paths.summary),
+            "verdict": str(paths.report / VERDICT_FILE)}

@@ -4,14 +4,14 @@ extra time goes, beside the study's figure, with the caveats of the modes this r
 from __future__ import annotations
 
 from pipelines.config import Backend
+from pipelines.paths import DEFAULT_NETWORK
 from pipelines.report.tables import PHASE_ORDER, _fmt, _md_table, _mode, _text, mode_caveat, study_overhead
 from pipelines.summary import Aggregate, RunSummary
 
 # The published study this benchmark reproduces (README): BERT-tiny on IMDB, 3 GPU nodes.
 STUDY_SETTING = "3 GPU nodes; DDP: 20 epochs in 499 s on 2 GPUs"
-STUDY_COLUMNS = ["platform", "mode here", "workers", "hardware here", "overhead here (total)",
-                 "overhead here (training)", "where the extra time goes (vs ddp, medians)", "study's overhead",
-                 "study's setting"]
+STUDY_COLUMNS = ["platform", "mode here", "workers", "overhead here (total)", "overhead here (training)",
+                 "where the extra time goes (vs ddp, medians)", "study's overhead"]
 
 
 def _where_the_time_goes(a: Aggregate, ddp: Aggregate) -> str:
@@ -30,19 +30,20 @@ def _where_the_time_goes(a: Aggregate, ddp: Aggregate) -> str:
 
 
 def study_rows(summary: RunSummary) -> list[list[str]]:
-    """Each platform's overhead over DDP here beside the study's, with this run's mode and hardware."""
-    ddp = {a.workers: a for a in summary.aggregates if a.backend == Backend.DDP and a.repeats_ok}
-    hardware = summary.hardware.hardware_class
+    """Each platform's overhead over DDP here beside the study's, with this run's mode (the hardware
+    and the study's setting are the section's first sentence: the same for every row)."""
+    ddp = {(a.network, a.workers): a for a in summary.aggregates if a.backend == Backend.DDP and a.repeats_ok}
     rows = []
     for a in summary.aggregates:
-        if a.backend == Backend.DDP or not a.repeats_ok or a.workers not in ddp:
+        if a.backend == Backend.DDP or not a.repeats_ok or (a.network, a.workers) not in ddp:
             continue
         study = study_overhead(str(a.backend))
+        workers = str(a.workers) if a.network == DEFAULT_NETWORK else f"{a.workers} ({a.network})"
         rows.append([
-            str(a.backend), _mode(a, "unknown"), str(a.workers), hardware,
+            str(a.backend), _mode(a, "unknown"), workers,
             _fmt(a.overhead_vs_ddp_total, "pct"), _fmt(a.overhead_vs_ddp_training, "pct"),
-            _where_the_time_goes(a, ddp[a.workers]),
-            "n/a" if study is None else f"{study * 100:+.0f} % ({1 + study:.2f}x)", STUDY_SETTING,
+            _where_the_time_goes(a, ddp[(a.network, a.workers)]),
+            "n/a" if study is None else f"{study * 100:+.0f} % ({1 + study:.2f}x)",
         ])
     return rows
 
@@ -51,17 +52,19 @@ def _study_lines(summary: RunSummary) -> list[str]:
     rows = study_rows(summary)
     if not rows:
         return ["No platform besides DDP finished at a worker count DDP also ran: nothing to set beside the study."]
-    lines = [_md_table(STUDY_COLUMNS, [[_text(c) for c in row] for row in rows]), ""]
+    lines = [f"Hardware here: {_text(summary.hardware.hardware_class)}. The study: {STUDY_SETTING}.", "",
+             _md_table(STUDY_COLUMNS, rows), ""]  # _md_table escapes every cell
     modes = sorted({(str(a.backend), a.platform_mode) for a in summary.aggregates if a.platform_mode})
-    caveats = [f"- {backend} ({mode}): {caveat}" for backend, mode in modes
+    caveats = [f"- {_text(backend)} ({_text(mode)}): {_text(caveat)}" for backend, mode in modes
                if (caveat := mode_caveat(backend, mode))]
-    if caveats:
-        lines += ["Local modes are not the platform's cluster overhead:", *caveats]
+    if caveats:  # a Markdown list needs a blank line before it, or it runs on as one paragraph
+        lines += ["Local modes are not the platform's cluster overhead:", "", *caveats, ""]
+    notes = []
     if {Backend.SPARK, Backend.SPARK_DATAFRAME} <= {a.backend for a in summary.aggregates if a.repeats_ok}:
-        lines.append("- spark and spark_dataframe are the same TorchDistributor run with two data feeds: each "
+        notes.append("- spark and spark_dataframe are the same TorchDistributor run with two data feeds: each "
                      "rank reads the token files (files feed), or the tokenized DataFrame's partitions reach "
                      "the ranks through a Spark barrier stage (dataframe feed); their difference is what "
                      "feeding the data through Spark costs.")
-    lines.append("- The study's percentages are its whole-run overheads on GPUs; this run's are per cell "
+    notes.append("- The study's percentages are its whole-run overheads on GPUs; this run's are per cell "
                  "(total = adapter entry to result, training = the training phase alone).")
-    return lines
+    return lines + ["Notes:", "", *notes]

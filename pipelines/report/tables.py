@@ -4,10 +4,11 @@ the comparison, strategies and phases tables as rows of strings, and Markdown ta
 from __future__ import annotations
 
 import html
+import re
 from typing import Any
 
 from pipelines.config import BenchmarkConfig
-from pipelines.paths import DEFAULT_STRATEGY
+from pipelines.paths import DEFAULT_NETWORK, DEFAULT_STRATEGY
 from pipelines.summary import Aggregate, RunSummary
 from pipelines.training import phases
 
@@ -46,10 +47,16 @@ def backend_colour(backend: Any) -> str | None:
 # --- formatting ------------------------------------------------------------------------------
 
 def _interval(ci, kind: str = "num", with_n: bool = False) -> str:
-    if ci.low is None:
+    """A 95 % interval "low - high"; "n/a" without one or with under 2 repeats (a zero-width one)."""
+    if ci.low is None or ci.n < 2:
         return "n/a"
     text = f"{_fmt(ci.low, kind)} - {_fmt(ci.high, kind)}"
     return f"{text} ({ci.n})" if with_n else text
+
+
+def has_intervals(summary: RunSummary) -> bool:
+    """Whether any aggregate rests on 2+ repeats: only then do intervals mean something."""
+    return any(max(a.total_seconds_ci.n, a.test_accuracy_ci.n) > 1 for a in summary.aggregates)
 
 
 def _fmt(value: Any, kind: str = "num") -> str:
@@ -70,42 +77,99 @@ def _mode(a: Aggregate, missing: str) -> str:
     return f"{mode}, {a.data_feed} feed" if a.data_feed else mode
 
 
+# Markdown's own syntax, as character references: no table cell breaks, code spans, links or
+# images (``[x](javascript:...)``), no backslash escapes; control characters (line breaks) -> space
+_MARKDOWN = str.maketrans({"|": "&#124;", "`": "&#96;", "[": "&#91;", "]": "&#93;", "\\": "&#92;",
+                           **{c: " " for c in [*map(chr, range(32)), "\x7f", "\u2028", "\u2029"]}})
+_PLAIN = re.compile(r"[\w.:/@+=,~-]*")  # shows the same in a code span and as text
+
+
 def _text(value: Any) -> str:
-    """A value from results or config, inert in Markdown and HTML (errors, sources, names)."""
-    return html.escape(str(value), quote=True).replace("|", "&#124;").replace("`", "&#96;")
+    """A value from results or config (errors, sources, names, hosts, modes), inert in Markdown and
+    in the HTML made from it: no tags, entities, links, code spans or table breaks; shown as is."""
+    return html.escape(str(value), quote=False).translate(_MARKDOWN)
 
 
-def _md_table(header: list[str], rows: list[list[str]]) -> str:
+def _code(value: Any) -> str:
+    """A value as a code span when that shows it as is (ids, hashes), else as escaped text."""
+    text = str(value)
+    return f"`{text}`" if _PLAIN.fullmatch(text) else _text(text)
+
+
+def _md_table(header: list[str], rows: list[list[Any]]) -> str:
+    """A Markdown table; every cell is escaped here (``_text``), the header is the code's own."""
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    lines += ["| " + " | ".join(_text(c) for c in r) + " |" for r in rows]
     return "\n".join(lines)
 
 
 # --- the platform comparison --------------------------------------------------------------------
 
-TABLE_COLUMNS = [
-    "backend", "mode", "workers", "repeats ok", "total s (median)", "training s (median)",
-    "total s 95 % CI (n)", "samples/s (median)", "test accuracy (median)", "test accuracy 95 % CI",
-    "test F1 (median)", "time to target s", "scaling efficiency", "overhead vs ddp (total)",
-    "overhead vs ddp (training)", "resumed", "est. cost",
+# The comparison in three narrow tables (none needs more than 1280 px): time, quality, throughput/cost.
+# Intervals only when some cell has 2+ repeats (``has_intervals``); "network" after "workers"
+# when the run's cells are not all local (``with_network``).
+INTERVAL_COLUMNS = ("total s 95 % CI (n)", "test accuracy 95 % CI")
+TIME_COLUMNS = [
+    "backend", "mode", "workers", "repeats ok", "total s (median)", "total s 95 % CI (n)",
+    "training s (median)", "overhead vs ddp (total)", "overhead vs ddp (training)", "resumed",
 ]
+QUALITY_COLUMNS = ["backend", "workers", "test accuracy (median)", "test accuracy 95 % CI",
+                   "test F1 (median)", "time to target s"]
+RESOURCE_COLUMNS = ["backend", "workers", "samples/s (median)", "scaling efficiency", "worker-hours",
+                    "est. cost", "peak memory MB (max)"]
+COMPARISON_TABLES = (("Time", TIME_COLUMNS), ("Quality", QUALITY_COLUMNS),
+                     ("Throughput, cost and resources", RESOURCE_COLUMNS))
 
 
-def table_rows(summary: RunSummary) -> list[list[str]]:
-    rows = []
-    for a in summary.aggregates:
-        tta = a.time_to_target_seconds
-        tta_text = "not reached" if tta is None else f"{tta:.2f} ({a.reached_target}/{a.repeats_ok})"
-        rows.append([
-            a.backend, _mode(a, "n/a"), str(a.workers), f"{a.repeats_ok}/{a.repeats}",
-            _fmt(a.total_seconds.median), _fmt(a.training_seconds.median),
-            _interval(a.total_seconds_ci, with_n=True), _fmt(a.samples_per_second.median),
-            _fmt(a.test_accuracy.median, "acc"), _interval(a.test_accuracy_ci, "acc"),
-            _fmt(a.test_f1.median, "acc"), tta_text, _fmt(a.scaling_efficiency, "ratio"),
-            _fmt(a.overhead_vs_ddp_total, "pct"), _fmt(a.overhead_vs_ddp_training, "pct"),
-            f"{a.resumed_cells}/{a.repeats_ok}", _fmt(a.estimated_cost, "cost"),
-        ])
-    return rows
+def with_network(columns: list[str], summary: RunSummary) -> list[str]:
+    """The columns, with "network" after "workers" when the run's cells are not all local."""
+    if not networked(summary):
+        return columns
+    at = columns.index("workers")
+    return [*columns[:at], "network", *columns[at:]]
+
+
+def networked(summary: RunSummary) -> bool:
+    """Whether any cell ran across hosts (or the run has several networks): tables name the network."""
+    nets = {*summary.networks, *(a.network for a in summary.aggregates)}
+    return len(nets) > 1 or nets != {DEFAULT_NETWORK}
+
+
+def _net(a: Aggregate, summary: RunSummary) -> list[str]:
+    return [a.network] if networked(summary) else []
+
+
+def comparison_values(a: Aggregate) -> dict[str, str]:
+    """Every comparison column's text for one aggregate (the tables pick theirs)."""
+    tta = a.time_to_target_seconds
+    return {
+        "backend": str(a.backend), "mode": _mode(a, "n/a"), "network": a.network, "workers": str(a.workers),
+        "repeats ok": f"{a.repeats_ok}/{a.repeats}", "total s (median)": _fmt(a.total_seconds.median),
+        "total s 95 % CI (n)": _interval(a.total_seconds_ci, with_n=True),
+        "training s (median)": _fmt(a.training_seconds.median),
+        "samples/s (median)": _fmt(a.samples_per_second.median),
+        "scaling efficiency": _fmt(a.scaling_efficiency, "ratio"),
+        "overhead vs ddp (total)": _fmt(a.overhead_vs_ddp_total, "pct"),
+        "overhead vs ddp (training)": _fmt(a.overhead_vs_ddp_training, "pct"),
+        "resumed": f"{a.resumed_cells}/{a.repeats_ok}",
+        "test accuracy (median)": _fmt(a.test_accuracy.median, "acc"),
+        "test accuracy 95 % CI": _interval(a.test_accuracy_ci, "acc"),
+        "test F1 (median)": _fmt(a.test_f1.median, "acc"),
+        "time to target s": "not reached" if tta is None else f"{tta:.2f} ({a.reached_target}/{a.repeats_ok})",
+        "worker-hours": _fmt(a.worker_hours, "cost"), "est. cost": _fmt(a.estimated_cost, "cost"),
+        "peak memory MB (max)": "n/a" if a.peak_memory_mb_max is None else f"{a.peak_memory_mb_max:.0f}",
+    }
+
+
+def comparison_tables(summary: RunSummary) -> list[tuple[str, list[str], list[list[str]]]]:
+    """(title, header, rows) of the time, quality and cost tables, one row per aggregate."""
+    intervals = has_intervals(summary)
+    values = [comparison_values(a) for a in summary.aggregates]
+    out = []
+    for title, columns in COMPARISON_TABLES:
+        header = [c for c in with_network(columns, summary) if intervals or c not in INTERVAL_COLUMNS]
+        out.append((title, header, [[v[c] for c in header] for v in values]))
+    return out
 
 
 def platform_view(summary: RunSummary, config: BenchmarkConfig) -> RunSummary:
@@ -127,16 +191,17 @@ STRATEGY_COLUMNS = [
 def strategy_rows(summary: RunSummary) -> list[list[str]]:
     """One row per (backend, strategy, workers): time, accuracy, macro-F1, per-class recall (the
     imbalance strategies' effect), payload per step handed to collectives (comm hooks, local SGD)."""
-    default = {(a.backend, a.workers): a for a in summary.aggregates if a.strategy == DEFAULT_STRATEGY}
+    default = {(a.backend, a.network, a.workers): a for a in summary.aggregates if a.strategy == DEFAULT_STRATEGY}
     rows = []
-    # grouped by backend and workers; strategies in the run's order (stable sort)
-    for a in sorted(summary.aggregates, key=lambda a: (str(a.backend), a.workers)):
-        base = default.get((a.backend, a.workers))
+    # grouped by backend, network and workers; strategies in the run's order (stable sort)
+    nets = {n: i for i, n in enumerate(dict.fromkeys(a.network for a in summary.aggregates))}
+    for a in sorted(summary.aggregates, key=lambda a: (str(a.backend), nets[a.network], a.workers)):
+        base = default.get((a.backend, a.network, a.workers))
         vs_default = None
         if base is not None and a is not base and base.training_seconds.median and a.training_seconds.median:
             vs_default = a.training_seconds.median / base.training_seconds.median - 1
         rows.append([
-            str(a.backend), a.strategy, str(a.workers), f"{a.repeats_ok}/{a.repeats}",
+            str(a.backend), a.strategy, *_net(a, summary), str(a.workers), f"{a.repeats_ok}/{a.repeats}",
             _fmt(a.total_seconds.median), _fmt(a.training_seconds.median),
             "-" if a is base else _fmt(vs_default, "pct"), _fmt(a.samples_per_second.median),
             _fmt(a.test_accuracy.median, "acc"), _fmt(a.test_f1.median, "acc"),
@@ -148,8 +213,29 @@ def strategy_rows(summary: RunSummary) -> list[list[str]]:
     return rows
 
 
+# the strategies table as three narrow ones: time; communication; quality
+STRATEGY_COMMUNICATION = ("comm MB/step", "phases: data / compute / communication s")
+STRATEGY_QUALITY = ("test accuracy (median)", "test macro-F1 (median)", "test recall per class")
+STRATEGY_KEYS = ("backend", "strategy", "network", "workers")
+
+
+def split_table(header: list[str], rows: list[list[str]], *parts: tuple[str, ...]) -> list[str]:
+    """One wide table as narrower Markdown ones: each part's columns after the key columns
+    (``STRATEGY_KEYS`` present in the header); the columns no part names go to the first."""
+    keys = [c for c in header if c in STRATEGY_KEYS]
+    named = {c for part in parts for c in part}
+    first = [c for c in header if c not in keys and c not in named]
+    lines: list[str] = []
+    for columns in (first, *parts):
+        chosen = keys + [c for c in header if c in columns]
+        at = [header.index(c) for c in chosen]
+        lines += [_md_table(chosen, [[r[i] for i in at] for r in rows]), ""]
+    return lines
+
+
 def _strategy_lines(summary: RunSummary, config: BenchmarkConfig) -> list[str]:
-    lines = [_md_table(STRATEGY_COLUMNS, strategy_rows(summary)), ""]
+    lines = split_table(with_network(STRATEGY_COLUMNS, summary), strategy_rows(summary),
+                        STRATEGY_COMMUNICATION, STRATEGY_QUALITY)
     lines.append("Each strategy is a cell of its own (pipelines.config.TrainingStrategy): `fp16`/`bf16`/"
                  "`powersgd-r<k>` are DDP gradient-compression hooks, `localsgd-<n>` averages the parameters "
                  "every n steps instead of all-reducing gradients, `fsdp` shards parameters, gradients and "
@@ -161,11 +247,12 @@ def _strategy_lines(summary: RunSummary, config: BenchmarkConfig) -> list[str]:
                  "communication counts as compute).")
     skipped = config.not_applicable_cells()
     if skipped:
-        lines.append("Not applicable (no cell): " + ", ".join(f"{s} at {n} worker" for s, n in skipped)
-                     + ": one worker has no one to communicate with.")
+        lines += ["", "Not applicable (no cell): " + ", ".join(f"{_text(s)} at {n} worker"
+                                                               for s, n in skipped)
+                  + ": one worker has no one to communicate with."]
     if config.data.class_ratio is not None:
-        lines.append(f"Train sample imbalanced on purpose: class_ratio={config.data.class_ratio} (every label other "
-                     "than 0 has that fraction of label 0's rows); test stays stratified.")
+        lines += ["", f"Train sample imbalanced on purpose: class_ratio={_text(config.data.class_ratio)} "
+                  "(every label other than 0 has that fraction of label 0's rows); test stays stratified."]
     return lines
 
 

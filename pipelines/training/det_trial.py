@@ -9,7 +9,9 @@ loop (its own batching, DDP wrapping, validation and checkpoint schedule) and
 ``EpochRecorder`` turns its callbacks into the record's phases (data: the batches' wait, as
 the loop times it; communication: the same DDP hook timer on Determined's DDP wrapper). Local mode (no master): we
 join the gloo/nccl group ourselves (USE_TORCH_DISTRIBUTED=1) and hand Determined
-``DistributedContext.from_torch_distributed()``. On a cluster (launched by
+``DistributedContext.from_torch_distributed()`` (across nodes, with the chief's address:
+``DET_CHIEF_IP`` as the adapter sets it, else torchrun's ``MASTER_ADDR``, which the static
+rendezvous sets to node 0). On a cluster (launched by
 ``determined.launch.torch_distributed``) Determined initialises everything itself.
 The experiment config is the adapter's (``<cell>/determined/experiment.json``, written by
 ``pipelines.backends.determined``). Determined's checkpoints go to
@@ -35,7 +37,8 @@ from pipelines.cell import CellSpec
 from pipelines.fileio import atomic_write_json
 from pipelines.paths import CellPaths
 from pipelines.training import loop
-from pipelines.training.distributed import DistEnv, pin_cpu_cores, placement
+from pipelines.resources import write_rank_pid
+from pipelines.training.distributed import DistEnv, pin_cpu_cores
 from pipelines.training.phases import CommTimer, time_ddp_communication
 from pipelines.training.model import build_model
 from pipelines.training.record import TrainingRecord
@@ -125,6 +128,7 @@ class BenchmarkTrial(dtorch.PyTorchTrial):
         dist_ctx = context.distributed
         cores = tuple(sorted(os.sched_getaffinity(0))) if context.device.type == "cpu" else ()
         self.env = DistEnv(dist_ctx.rank, dist_ctx.size, dist_ctx.local_rank, context.device, cores)
+        write_rank_pid(self.spec.cell_dir, self.env.rank)  # this process is a rank (pipelines.resources)
         self.train_set = loop.load_split(self.spec.paths, "train")
         self.test_set = loop.load_split(self.spec.paths, "test")
         self.validation_set = loop.load_split(self.spec.paths, "validation")
@@ -201,7 +205,9 @@ def main(cell_dir: str, launch_time: float) -> None:
         if not torch.distributed.is_initialized():
             torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
             created_group = True
-        distributed = det.core.DistributedContext.from_torch_distributed()
+        # several nodes: the other nodes' ranks reach the chief's ZMQ server at this address
+        chief_ip = os.environ.get("DET_CHIEF_IP") or os.environ.get("MASTER_ADDR")
+        distributed = det.core.DistributedContext.from_torch_distributed(chief_ip=chief_ip)
         os.environ["XDG_DATA_HOME"] = str(spec.cell.determined)  # checkpoint storage
     marker = read_marker(spec.cell)
     if marker:
@@ -214,6 +220,7 @@ def main(cell_dir: str, launch_time: float) -> None:
         trainer.fit(max_length=dtorch.Epoch(cfg.training.epochs), checkpoint_period=dtorch.Epoch(1),
                     validation_period=dtorch.Epoch(1), reporting_period=dtorch.Batch(sys.maxsize),
                     checkpoint_policy="none", latest_checkpoint=marker["uuid"] if marker else None)
+        devices, placements = loop.worker_devices(trial.env)  # every rank: its device and host
         if trial.env.is_main:
             test, test_seconds = loop.final_test(trial.raw_model, trial.test_set, spec, trial.env.device)
             last = read_marker(spec.cell)
@@ -223,9 +230,8 @@ def main(cell_dir: str, launch_time: float) -> None:
                 spec, trial.env, trial.record, launch_time=launch_time, model_source=trial.model_source,
                 test=test, test_seconds=test_seconds, train_samples=len(trial.train_set),
                 test_samples=len(trial.test_set), checkpoint_path=str(ckpt_path) if ckpt_path else None,
-                model_path=model_path, export_seconds=export_seconds,
-                devices=[trial.env.device_label] * trial.env.world_size,
-                placements=[placement()] * trial.env.world_size), spec)
+                model_path=model_path, export_seconds=export_seconds, devices=devices, placements=placements,
+                steps_per_epoch=len(trial.loader)), spec)  # one optimizer step per batch
     if created_group and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
 

@@ -59,9 +59,40 @@ class DistEnv:
 _SPARK_EXECUTOR_DIR = re.compile(r"/(app-\d+-\d+)/(\d+)$")
 
 
+HOST_ENV = "BENCHMARK_HOST"  # set by a launch host (EmulatedHost.run, SSHHost.run): its name
+HOST_IFNAME = "eth0"  # a launch host's cluster interface
+
+
+def host_address(ifname: str = HOST_IFNAME) -> str | None:
+    """This process's IPv4 address on the cluster interface (seen from inside its network
+    namespace), or None on a plain host."""
+    import psutil
+
+    for addr in psutil.net_if_addrs().get(ifname, []):
+        if addr.family == socket.AF_INET:
+            return addr.address
+    return None
+
+
+def link_tx_bytes(ifname: str = HOST_IFNAME) -> int | None:
+    """Bytes this launch host's cluster interface has sent (its own network namespace's counters),
+    or None off a launch host (a one-host cell: no link)."""
+    if not os.environ.get(HOST_ENV):
+        return None
+    try:
+        with open(f"/sys/class/net/{ifname}/statistics/tx_bytes") as fh:
+            return int(fh.read())
+    except (OSError, ValueError):
+        return None
+
+
 def placement(cwd: str | None = None, host: str | None = None) -> str:
-    """Where this rank ran, for the result: ``<host>``, or ``<host> executor <app>/<id>`` when a
-    Spark executor started it (cluster mode: the barrier task's executor)."""
+    """Where this rank ran, for the result: ``<host>``; on a launch host ``<host> <address>``
+    (its name and its own interface address, measured here); `` executor <app>/<id>`` appended
+    when a Spark executor started it (cluster mode: the barrier task's executor)."""
+    if host is None and os.environ.get(HOST_ENV):
+        address = host_address()
+        host = f"{os.environ[HOST_ENV]} {address}" if address else os.environ[HOST_ENV]
     host = host or socket.gethostname()
     match = _SPARK_EXECUTOR_DIR.search(cwd if cwd is not None else os.getcwd())
     return f"{host} executor {match.group(1)}/{match.group(2)}" if match else host

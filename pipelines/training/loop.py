@@ -39,11 +39,13 @@ from torch.utils.data import DataLoader, TensorDataset
 from pipelines import attempts
 from pipelines.cell import CellSpec
 from pipelines.config import BenchmarkConfig
+from pipelines.resources import write_rank_pid
 from pipelines.training import checkpoint as ckpt
 from pipelines.training import strategies
-from pipelines.training.distributed import DistEnv, TorchDistributed, all_reduce_sum
+from pipelines.training.distributed import DistEnv, TorchDistributed, all_reduce_sum, link_tx_bytes
 from pipelines.training.model import build_model
-from pipelines.training.outcome import timed_export, worker_devices, worker_result, write_worker_result
+from pipelines.training.outcome import (step_link_bytes, timed_export, worker_devices, worker_result,
+                                        write_worker_result)
 from pipelines.training.record import TrainingRecord
 from pipelines.training.runtime import Replicated, runtime_for
 from pipelines.training.steps import (
@@ -87,6 +89,7 @@ def run_training(spec: CellSpec, launch_time: float, distributed: TorchDistribut
     distributed = distributed or TorchDistributed()
     torch.set_num_threads(spec.config.training.threads_per_worker)  # torchrun sets OMP threads only sometimes
     env = distributed.setup()
+    write_rank_pid(spec.cell_dir, env.rank)  # this process is a rank of the cell (pipelines.resources)
     try:
         _train(spec, env, distributed, launch_time)
     finally:
@@ -126,6 +129,8 @@ class _Run:
     model_source: str
     train_samples: int
     test_set: TensorDataset
+    step_tx_bytes: int | None = None  # this host's link bytes sent during this attempt's steps
+    steps_trained: int = 0  # optimizer steps of this attempt
 
 
 def _prepare(spec: CellSpec, env: DistEnv, distributed: TorchDistributed) -> _Run:
@@ -178,8 +183,8 @@ class _Progress:
         run = self.run
         if not run.env.is_main:
             return
-        if time.time() - self.last_beat > 1.0:  # a killed attempt's end
-            attempts.beat(run.spec.cell)
+        if time.time() - self.last_beat > 0.25:  # a killed attempt's end; where training is
+            attempts.beat(run.spec.cell, epoch + 1, i + 1, self.steps_per_epoch)
             self.last_beat = time.time()
         if (i + 1) % max(1, self.steps_per_epoch // 4) == 0:
             rate = (time.time() - run.record.first_step) / self.done
@@ -194,6 +199,7 @@ def _train_epoch(run: _Run, epoch: int, progress: _Progress) -> tuple[float, flo
     env, record, runtime = run.env, run.record, run.runtime
     loss_sum = torch.zeros((), dtype=torch.float64, device=env.device)
     acc_sum = torch.zeros((), dtype=torch.float64, device=env.device)
+    tx_before = link_tx_bytes()  # on a launch host: what the steps alone move over the link
     for i, batch in enumerate(record.timed_batches(run.loader)):
         loss, logits, labels = forward(run.wrapped, batch, env.device, runtime.loss_weights)
         run.optimizer.zero_grad(set_to_none=True)
@@ -204,6 +210,9 @@ def _train_epoch(run: _Run, epoch: int, progress: _Progress) -> tuple[float, flo
         loss_sum += loss.detach()
         acc_sum += (logits.argmax(-1) == labels).double().mean()
         progress.step(epoch, i, loss)
+    run.steps_trained += len(run.loader)
+    if tx_before is not None and (tx_after := link_tx_bytes()) is not None:
+        run.step_tx_bytes = (run.step_tx_bytes or 0) + tx_after - tx_before
     runtime.at_epoch_end(record)  # local SGD: one model for evaluation and the checkpoint
     loss_sum, acc_sum = loss_sum.item(), acc_sum.item()  # waits for the device, not the network
     with record.communicating() if env.world_size > 1 else nullcontext():
@@ -266,6 +275,7 @@ def _finish(run: _Run, launch_time: float) -> None:
     """Every rank: the device labels and the final model; rank 0: final test, export, result."""
     spec, env, cfg = run.spec, run.env, run.spec.config
     devices, placements = worker_devices(env)
+    step_link = step_link_bytes(env, run.step_tx_bytes, run.steps_trained)  # a collective: every rank
     model = run.runtime.final_model(  # FSDP: one unsharded copy on rank 0 (a collective)
         run.model, lambda: build_model(cfg.training.model_source, cfg.training.seed, spec.num_labels)[0])
     if not env.is_main:
@@ -278,4 +288,5 @@ def _finish(run: _Run, launch_time: float) -> None:
         test_seconds=test_seconds, train_samples=run.train_samples, test_samples=len(run.test_set),
         checkpoint_path=run.checkpoint_path, model_path=model_path, devices=devices,
         placements=placements, export_seconds=export_seconds,
-        comm_bytes_per_step=run.runtime.comm_bytes_per_step), spec)
+        comm_bytes_per_step=run.runtime.comm_bytes_per_step, steps_per_epoch=len(run.loader),
+        link_bytes_per_train_step=step_link), spec)

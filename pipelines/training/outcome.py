@@ -30,6 +30,18 @@ def worker_devices(env: DistEnv) -> tuple[list[str], list[str]]:
     return [d for d, _ in labels], [p for _, p in labels]
 
 
+def step_link_bytes(env: DistEnv, tx_bytes: int | None, steps: int) -> float | None:
+    """Bytes all hosts' links sent per training step (gathered: one rank per host reports its
+    host's counter), or None off launch hosts."""
+    mine = (tx_bytes if env.local_rank == 0 else 0, tx_bytes is not None)
+    gathered = [mine] * env.world_size
+    if env.world_size > 1:
+        dist.all_gather_object(gathered, mine)
+    if not steps or not all(known for _, known in gathered):
+        return None
+    return sum(tx for tx, _ in gathered) / steps
+
+
 def peak_memory_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
@@ -68,7 +80,8 @@ def worker_result(spec: CellSpec, env: DistEnv, record: TrainingRecord, *, launc
                   model_source: str, test: TestMetrics, test_seconds: float, train_samples: int,
                   test_samples: int, checkpoint_path: str | None, model_path: str | None,
                   devices: list[str], placements: list[str] | None = None,
-                  export_seconds: float = 0.0, comm_bytes_per_step: float | None = None) -> CellResult:
+                  export_seconds: float = 0.0, comm_bytes_per_step: float | None = None,
+                  steps_per_epoch: int = 0, link_bytes_per_train_step: float | None = None) -> CellResult:
     """Rank 0's result: the same fields, from the same record, under every backend."""
     cfg = spec.config  # the cell's config: seed + repeat, per-worker batch, scaled lr
     return CellResult(
@@ -85,6 +98,7 @@ def worker_result(spec: CellSpec, env: DistEnv, record: TrainingRecord, *, launc
         peak_memory_mb=peak_memory_mb(env.device), checkpoint_path=checkpoint_path,
         model_path=model_path, resumed_from_epoch=record.resumed_from_epoch, versions=versions(),
         host=socket.gethostname(), **cfg.strategy().result_fields(), comm_bytes_per_step=comm_bytes_per_step,
+        steps_per_epoch=steps_per_epoch, link_bytes_per_train_step=link_bytes_per_train_step,
     )
 
 

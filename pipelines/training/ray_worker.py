@@ -128,10 +128,14 @@ class RayTrainDistributed(TorchDistributed):
 
 def setup_logging(cell_dir: Path) -> None:
     """The project's worker logging, also appended to ``<cell>/train.log`` (Ray prints the
-    workers' output in the driver's, prefixed with the actor)."""
+    workers' output in the driver's, prefixed with the actor), unless the driver's output is
+    that log already (across hosts: ``pipelines.ray_hosts`` sets ``DRIVER_LOG_ENV``)."""
+    from pipelines.ray_hosts import DRIVER_LOG_ENV
     from pipelines.training.worker import setup_logging as worker_logging
 
     worker_logging()
+    if os.environ.get(DRIVER_LOG_ENV):
+        return
     handler = logging.FileHandler(Path(cell_dir) / "train.log")
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s rank%(process)d: %(message)s"))
     logging.getLogger().addHandler(handler)

@@ -76,8 +76,9 @@ def test_dag_file_parses_fast_without_heavy_imports():
 
 def test_task_graph(dag):
     assert set(dag.task_dict) == {
-        "prepare_run", "start_spark_cluster", "ingest", "validate_snapshot", "preprocess", "validate_tokens",
-        *PLAN_IDS, *TRAIN_IDS, "stop_spark_cluster", "evaluate", "report", "track", "check_regression",
+        "prepare_run", "start_spark_cluster", "start_cluster", "ingest", "validate_snapshot", "preprocess",
+        "validate_tokens", *PLAN_IDS, *TRAIN_IDS, "stop_spark_cluster", "stop_cluster", "evaluate", "report",
+        "track", "check_regression",
     }
     up = {tid: t.upstream_task_ids for tid, t in dag.task_dict.items()}
     assert up["prepare_run"] == set()
@@ -86,7 +87,11 @@ def test_task_graph(dag):
     assert up["start_spark_cluster"] == {"prepare_run"} and dag.task_dict["start_spark_cluster"].is_setup
     assert up["stop_spark_cluster"] == {"prepare_run", "start_spark_cluster", *TRAIN_IDS}
     assert dag.task_dict["stop_spark_cluster"].is_teardown
-    assert up["ingest"] == {"prepare_run", "start_spark_cluster"}
+    # the run's emulated hosts (cluster.kind=emulated): the same setup / teardown pair
+    assert up["start_cluster"] == {"prepare_run"} and dag.task_dict["start_cluster"].is_setup
+    assert up["stop_cluster"] == {"prepare_run", "start_cluster", *TRAIN_IDS}
+    assert dag.task_dict["stop_cluster"].is_teardown
+    assert up["ingest"] == {"prepare_run", "start_spark_cluster", "start_cluster"}
     assert up["validate_snapshot"] == {"prepare_run", "ingest"}
     assert up["preprocess"] == {"prepare_run", "validate_snapshot"}
     assert up["validate_tokens"] == {"prepare_run", "preprocess"}
@@ -211,6 +216,8 @@ def test_params_become_config_overrides():
                     {"overrides": {"tracking": {"output_root": "/"}}}):
         with pytest.raises(ValueError, match="set by the deployment"):
             overrides_from_params({**params, **hostile}, env)
+    with pytest.raises(ValueError, match='bogus_field: not a trigger field .*put other config fields in "overrides"'):
+        overrides_from_params({**params, "bogus_field": 3}, env)  # never silently ignored
 
 
 def test_cells_are_grouped_by_worker_count_and_checked_against_the_pool():
@@ -221,13 +228,13 @@ def test_cells_are_grouped_by_worker_count_and_checked_against_the_pool():
 
     cells = load_config("smoke", {"backends": ["ddp", "spark"], "worker_counts": [1, 2]}).cells()
     plan = plan_by_workers(cells, pool_slots=2)
-    assert plan["w1"] == [{"backend": "ddp", "strategy": "default", "workers": 1, "repeat": 0},
-                          {"backend": "spark", "strategy": "default", "workers": 1, "repeat": 0}]
+    assert plan["w1"] == [{"backend": "ddp", "strategy": "default", "network": "local", "workers": 1, "repeat": 0},
+                          {"backend": "spark", "strategy": "default", "network": "local", "workers": 1, "repeat": 0}]
     assert [c["backend"] for c in plan["w2"]] == ["ddp", "spark"] and plan["w3"] == plan["w4"] == []
     with pytest.raises(ValueError, match="pool 'training_workers'.*has 1"):
         plan_by_workers(cells, pool_slots=1)
     with pytest.raises(ValueError, match="maximum 4"):
-        plan_by_workers([("ddp", "default", 5, 0)], pool_slots=None)
+        plan_by_workers([("ddp", "default", "local", 5, 0)], pool_slots=None)
 
 
 # --- end to end: the real CLI, scheduler loop and tasks -------------------------------------------

@@ -82,7 +82,7 @@ def test_determined_runs_the_imbalance_strategies(strategy_config, run_paths):
 
 def test_comm_strategies_have_no_one_worker_cell(strategy_config, run_paths):
     assert ("powersgd-r2", 1) in strategy_config.not_applicable_cells()
-    assert all(not (s != "default" and n == 1) for _, s, n, _ in strategy_config.cells())
+    assert all(not (s != "default" and n == 1) for _, s, _, n, _ in strategy_config.cells())
     with pytest.raises(UnsupportedStrategy, match="1 worker: not applicable"):
         run_cell(strategy_config, run_paths, Backend.DDP, 1, 0, strategy="fsdp")
 

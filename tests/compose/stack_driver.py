@@ -15,6 +15,7 @@ published ports are on that namespace's 127.0.0.1). Standard library only. Steps
        volume, and the server refuses requests without credentials;
    (d) the Benchmarks page answers 401 without login and shows the run with the JWT;
    (e) hardening: no container process runs as root; the published ports listen on loopback only.
+   (f), (g) stack_security.py: the workers' MLflow user's rights; no root or .env mount.
 
 Exit status 0 when the run succeeded and every check passed, 1 otherwise (message says which).
 """
@@ -190,13 +191,12 @@ def evidence_workers(stack: Stack, tis: list[dict]) -> tuple[str, dict]:
     return line, {"workers": workers, "tasks_by_host": by_host}
 
 
-def evidence_spark(stack: Stack, api: Api, run_id: str, tis: list[dict]) -> tuple[str, dict]:
+def evidence_spark(stack: Stack, api: Api, run_id: str, tis: list[dict], wanted: dict[str, int]) -> tuple[str, dict]:
     status, text = http("GET", f"{SPARK_UI}/json/")
     if status != 200:
         raise Check(f"(b) Spark master UI /json/ -> {status}")
     master = json.loads(text)
     apps = {a["name"]: a for a in master.get("completedapps", []) + master.get("activeapps", [])}
-    wanted = ["train-spark-w1-r0", "train-spark-w2-r0"]
     missing = [w for w in wanted if w not in apps]
     if missing:
         raise Check(f"(b) Spark master {master.get('url')} has no application {missing}; "
@@ -232,10 +232,9 @@ def evidence_spark(stack: Stack, api: Api, run_id: str, tis: list[dict]) -> tupl
             name = app_ids[folder.split("/")[0]]
             executor_dirs.setdefault(name, []).append(folder)
             barrier_tasks[name] = barrier_tasks.get(name, 0) + int(hits)
-    want_tasks = {"train-spark-w1-r0": 1, "train-spark-w2-r0": 2}
-    if any(barrier_tasks.get(name, 0) < n for name, n in want_tasks.items()):
+    if any(barrier_tasks.get(name, 0) < n for name, n in wanted.items()):  # one task per rank
         raise Check(f"(b) barrier tasks in the executor logs on spark-worker: {barrier_tasks} "
-                    f"(want {want_tasks}); listing:\n{listing}")
+                    f"(want {wanted}); listing:\n{listing}")
     worker_hosts = [w.get("host") for w in master.get("workers", []) if w.get("state") == "ALIVE"]
     others = sorted(set(apps) - set(wanted))
     driver = next((ln for ln in driver_lines if "'num_processes': 2" in ln), driver_lines[0])
@@ -252,7 +251,7 @@ def evidence_spark(stack: Stack, api: Api, run_id: str, tis: list[dict]) -> tupl
                   "barrier_tasks": barrier_tasks, "driver_lines": driver_lines}
 
 
-def evidence_mlflow(stack: Stack, run_id: str) -> tuple[str, dict]:
+def evidence_mlflow(stack: Stack, run_id: str, wanted: int) -> tuple[str, dict]:
     status, _ = http("GET", f"{MLFLOW}/api/2.0/mlflow/experiments/search?max_results=5")
     if status != 401:
         raise Check(f"(c) MLflow answered {status} to a request without credentials (want 401)")
@@ -273,8 +272,8 @@ def evidence_mlflow(stack: Stack, run_id: str) -> tuple[str, dict]:
     finished = [r for r in runs if r["status"] == "FINISHED"]
     cells = [r for r in finished if any(b in r["name"] for b in ("ddp", "spark", "determined"))]
     with_files = [r for r in runs if per_run[r["run_uuid"]]]
-    if len(finished) < 7 or len(cells) < 6 or len(with_files) < 7:
-        raise Check(f"(c) expected a parent + 6 cell runs FINISHED with artifacts; PostgreSQL has {runs}, "
+    if len(finished) < wanted or len(cells) < wanted - 1 or len(with_files) < wanted:
+        raise Check(f"(c) expected a parent + {wanted - 1} cell runs FINISHED with artifacts; PostgreSQL has {runs}, "
                     f"files per run {({k: len(v) for k, v in per_run.items()})}")
     sample = next((f for f in files if f.endswith("report.html")), files[0])
     names, metric_rows = ", ".join(sorted(r["name"] for r in finished)), sum(int(r["metrics"]) for r in runs)
@@ -331,6 +330,8 @@ def main() -> int:
     parser.add_argument("--run-id", help="collect evidence of this finished run instead of triggering one")
     args = parser.parse_args()
     stack, art = Stack(args.compose), args.artifacts
+    sys.modules.setdefault("stack_driver", sys.modules[__name__])  # one Check class for stack_security
+    import stack_security
     result: dict = {"checks": {}}
     lines: list[str] = []
 
@@ -349,7 +350,7 @@ def main() -> int:
         # The Spark master comes from the stack (BENCHMARK_SPARK_MASTER). The stack's evidence is
         # about Airflow, Celery, Spark, Determined and MLflow as deployed; Ray's local cluster per
         # cell is checked natively (tests/backends/test_ray.py), not inside the containers.
-        conf = {"profile": "smoke", "backends": ["ddp", "spark", "determined"]}
+        conf = {"profile": "smoke", "backends": ["ddp", "spark", "determined"], "worker_counts": [1, 2]}
         result["conf"] = conf
         if args.run_id:
             state = api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{args.run_id}")["state"]
@@ -370,11 +371,15 @@ def main() -> int:
                         "logs in failed_task_logs.txt")
         token = login(password, user)
         api = Api(AIRFLOW, token)
+        cells, runs = stack_security.trained_cells(tis), 1 + len(stack_security.trained_cells(tis))
         for key, check in (("a_celery_workers", lambda: evidence_workers(stack, tis)),
-                           ("b_spark_cluster", lambda: evidence_spark(stack, api, run_id, tis)),
-                           ("c_mlflow_store", lambda: evidence_mlflow(stack, run_id)),
+                           ("b_spark_cluster", lambda: evidence_spark(stack, api, run_id, tis, {
+                               f"train-spark-w{w}-r0": w for b, w in cells if b == "spark"})),
+                           ("c_mlflow_store", lambda: evidence_mlflow(stack, run_id, runs)),
                            ("d_benchmarks_page", lambda: evidence_benchmarks_page(token, run_id)),
-                           ("e_hardening", lambda: evidence_hardening(stack))):
+                           ("e_hardening", lambda: evidence_hardening(stack)),
+                           ("f_mlflow_permissions", lambda: stack_security.evidence_mlflow_permissions(stack, runs)),
+                           ("g_mounts", lambda: stack_security.evidence_mounts(stack))):
             line, detail = check()
             lines.append(line)
             result["checks"][key] = detail

@@ -1,7 +1,9 @@
 """The docker-compose stack for real: scripts/compose_e2e.sh builds the images offline (Debian
 base from debootstrap, PyPI), starts every service of docker-compose.yaml with 2 Celery workers
 in a private network namespace, runs imdb_benchmark's smoke profile through Airflow's REST API
-with the Spark cells on the stack's Spark master, checks the evidence and tears it all down.
+with the Spark cells on the stack's Spark master, checks the evidence (the workers' MLflow user
+cannot create an experiment, no container mounts the project root or .env: stack_security.py)
+and tears it all down.
 
 Part of `bash scripts/test.sh` (and so of CI): it exports BENCHMARK_COMPOSE_E2E=1 unless the
 caller set BENCHMARK_COMPOSE_E2E=0, which skips this module; run alone with
@@ -22,6 +24,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -76,6 +79,14 @@ def stack_run():
     return result, timings
 
 
+def _cells(stack_run) -> list[tuple[str, int]]:
+    """(backend, workers) of the cells the run trained (the smoke profile's plan)."""
+    sys.path.insert(0, str(ROOT / "tests" / "compose"))
+    from stack_security import trained_cells
+
+    return trained_cells(stack_run[0]["task_instances"])
+
+
 def test_smoke_dag_succeeds_through_the_stack(stack_run):
     result, timings = stack_run
     assert result["ok"] and result["run"]["state"] == "success"
@@ -96,16 +107,16 @@ def test_tasks_ran_on_both_celery_workers(stack_run):
 
 def test_spark_cells_ran_on_the_stack_cluster(stack_run):
     check = stack_run[0]["checks"]["b_spark_cluster"]
-    assert set(check["apps"]) == {"train-spark-w1-r0", "train-spark-w2-r0"}
+    spark = {f"train-spark-w{w}-r0": w for b, w in _cells(stack_run) if b == "spark"}  # the profile's
+    assert spark and set(check["apps"]) == set(spark)
     assert all(app["state"] == "FINISHED" for app in check["apps"].values())
     assert set(check["executor_dirs"]) == set(check["apps"])
-    assert check["barrier_tasks"]["train-spark-w1-r0"] >= 1
-    assert check["barrier_tasks"]["train-spark-w2-r0"] >= 2
+    assert all(check["barrier_tasks"][name] >= workers for name, workers in spark.items())  # one per rank
     # ... on the stack's master, which the workers got from their environment, not the trigger
     assert check["master"]["url"] == "spark://spark-master:7077"
     assert len(check["worker_env"]) == 2
     assert set(check["worker_env"].values()) == {"spark://spark-master:7077"}
-    assert len(check["driver_lines"]) == 2
+    assert len(check["driver_lines"]) == len(spark)
     assert all("'local_mode': False" in line and "spark://spark-master:7077" in line
                for line in check["driver_lines"])
 
@@ -113,9 +124,10 @@ def test_spark_cells_ran_on_the_stack_cluster(stack_run):
 def test_runs_are_in_the_mlflow_server_store(stack_run):
     check = stack_run[0]["checks"]["c_mlflow_store"]
     finished = [r for r in check["runs"] if r["status"] == "FINISHED"]
-    assert len(finished) >= 7  # the benchmark's parent run + one nested run per cell
+    wanted = 1 + len(_cells(stack_run))  # the benchmark's parent run + one nested run per cell
+    assert len(_cells(stack_run)) >= 3 and len(finished) >= wanted
     assert check["artifact_files"] > 0
-    assert sum(1 for n in check["files_per_run"].values() if n) >= 7
+    assert sum(1 for n in check["files_per_run"].values() if n) >= wanted
 
 
 def test_benchmarks_page_is_behind_login(stack_run):
@@ -128,3 +140,17 @@ def test_stack_runs_non_root_and_listens_on_loopback_only(stack_run):
     assert len(check["uids"]) == 11  # 10 long-running services, one of them twice (2 Celery workers)
     assert all("0" not in uids for uids in check["uids"].values())
     assert check["listening"] and all(a.startswith("127.0.0.1:") for a in check["listening"])
+
+
+def test_workers_mlflow_user_cannot_create_experiments_but_logs_the_benchmark(stack_run):
+    check = stack_run[0]["checks"]["f_mlflow_permissions"]
+    assert check["create_status"] == 403  # PERMISSION_DENIED, and nothing was created
+    assert check["finished_runs"] >= 1 + len(_cells(stack_run))  # the parent + one per cell, in its experiment
+    assert set(check["worker_logins"].values()) == {check["worker_user"]} and check["worker_user"] != "admin"
+
+
+def test_no_container_mounts_the_project_root_or_env(stack_run):
+    mounts = stack_run[0]["checks"]["g_mounts"]["bind_mounts"]
+    assert len(mounts) >= 12  # 11 running + the one-shot init services
+    assert all(not m.split(":")[0].endswith(".env") for ms in mounts.values() for m in ms)
+    assert all(m.split(":")[0] != str(ROOT) for ms in mounts.values() for m in ms)

@@ -1,7 +1,10 @@
-"""The Airflow plugin: registered parts, and Airflow's login in front of every route.
+"""The Airflow plugin: registered parts, Airflow's login and the DAG's read permission in front
+of every route.
 
-Uses Airflow's real auth dependency (``requires_authenticated``) and its real auth manager; a
-valid login is exercised by tests/e2e (it needs the metadata database for revoked tokens).
+Uses Airflow's real auth dependency (``requires_access_dag``), its real auth manager (the simple
+one, Airflow's default) and real JWTs it signs. Two lookups of the metadata database are stubbed
+here (a token's revocation, the DAG's team): there is no database in these tests; tests/e2e runs
+the same path against a real API server and database.
 """
 
 from __future__ import annotations
@@ -49,3 +52,62 @@ def test_routes_refuse_requests_without_airflow_login(plugin_module, tmp_path, m
         client.cookies.set("_token", "forged")
         assert client.get(url).status_code == 403, url  # forged UI cookie
         client.cookies.clear()
+
+
+@pytest.fixture
+def signed_in(plugin_module, tmp_path, monkeypatch):
+    """``token(user)`` -> headers with a JWT of Airflow's auth manager for that user; the page
+    reads an empty output root. Returns (token, calls): the auth manager's is_authorized_dag calls."""
+    from airflow.api_fastapi.app import create_auth_manager
+    from airflow.models.dag import DagModel
+    from airflow.models.revoked_token import RevokedToken
+
+    manager = create_auth_manager()
+    monkeypatch.setattr(RevokedToken, "is_revoked", classmethod(lambda cls, jti, session=None: False))
+    monkeypatch.setattr(DagModel, "get_team_name", staticmethod(lambda dag_id, session=None: "benchmarks"))
+    calls = []
+    real = manager.is_authorized_dag
+
+    def spy(**kwargs):
+        calls.append(kwargs)
+        return real(**kwargs)
+
+    monkeypatch.setattr(manager, "is_authorized_dag", spy)
+    monkeypatch.setenv("BENCHMARK_OUTPUT_ROOT", str(tmp_path))
+
+    def token(user) -> dict[str, str]:
+        return {"Authorization": f"Bearer {manager.generate_jwt(user)}"}
+
+    return token, calls
+
+
+def test_routes_need_read_permission_on_the_benchmark_dag(plugin_module, signed_in):
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser as User
+
+    token, calls = signed_in
+    client = TestClient(plugin_module.app)
+    allowed = [User(username="viewer", role="viewer", teams=["benchmarks"]),  # read access to DAGs
+               User(username="admin", role="admin")]
+    refused = [User(username="no-role", role=None),  # the simple auth manager: no role, no permission
+               User(username="other-team", role="op", teams=["marketing"])]  # the DAG is team benchmarks'
+    for url in ["/", "/runs", "/compare", "/api/runs", "/static/benchmarks.js"]:
+        for user in allowed:
+            assert client.get(url, headers=token(user)).status_code == 200, (url, user.username)
+        for user in refused:
+            resp = client.get(url, headers=token(user))
+            assert (resp.status_code, resp.json()) == (403, {"detail": "Forbidden"}), (url, user.username)
+    assert calls and all(c["method"] == "GET" and c["details"].id == plugin_module.DAG_ID == "imdb_benchmark"
+                         and c["details"].team_name == "benchmarks" for c in calls)
+
+
+def test_page_is_sent_with_its_content_security_policy(plugin_module, signed_in):
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser as User
+
+    token, _ = signed_in
+    viewer = User(username="viewer", role="viewer", teams=["benchmarks"])
+    resp = TestClient(plugin_module.app).get("/", headers=token(viewer))
+    assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/html")
+    csp = {d.split()[0]: d.split()[1:] for d in resp.headers["content-security-policy"].split("; ")}
+    assert csp["script-src"] == ["'self'"] and csp["object-src"] == ["'none'"]
+    assert csp["base-uri"] == ["'none'"] and csp["frame-ancestors"] == ["'self'"]
+    assert "<script>" not in resp.text  # no inline script: it would not run under script-src 'self'

@@ -1,0 +1,106 @@
+"""Losing a host mid-epoch (``matrix.fault=host_loss``, ``pipelines.faults``).
+
+The injector waits for rank 0's heartbeat to reach the middle of the chosen epoch, SIGKILLs every
+process of the cell's last host, and gives the platform ``recovery_deadline_s`` to recover; past it
+the cell's processes are stopped everywhere, so nothing hangs. A real ddp cell on two emulated
+hosts: torchrun's static rendezvous cannot bring back a lost node's agent, so the attempt fails
+and the project's retry recovers it from the last checkpoint; the result says so, with its cost.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from pipelines import attempts, faults
+from pipelines.cluster import why_unavailable
+from pipelines.paths import RunPaths
+from tests.token_shards import write_token_shards
+
+_NO_NETNS = why_unavailable()
+
+
+class _FakeHost:
+    def __init__(self, name):
+        self.name, self.stopped, self.killed = name, threading.Event(), False
+
+    def pids(self):
+        return []
+
+    def stop_processes(self, grace_s=3.0):
+        self.stopped.set()
+        return []
+
+
+def test_a_platform_that_does_not_recover_fails_at_the_deadline(tmp_path):
+    cell = RunPaths(tmp_path / "r").cell("ray", 2, 0)
+    cell.root.mkdir(parents=True)
+    config = SimpleNamespace(matrix=SimpleNamespace(fault="host_loss", fault_epoch=1, recovery_deadline_s=1.0))
+    hosts = [_FakeHost("h0"), _FakeHost("h1")]
+    start = time.monotonic()
+    with pytest.raises(faults.RecoveryTimeout, match=r"ray lost host h1 in epoch 1 .*no recovery within 1s"):
+        with faults.inject(config, cell, hosts, attempt=1, platform="ray"):
+            attempts.beat(cell, 1, 3, 6)  # rank 0 is half-way through epoch 1
+            assert hosts[0].stopped.wait(20), "the deadline should stop the cell's hosts"
+            raise RuntimeError("raylet died")  # what a launch raises once its processes are stopped
+    assert time.monotonic() - start < 20
+    record = faults.record(cell, [], 0)
+    assert record["host"] == "h1" and record["platform_outcome"] == "timed_out" and record["recovered_by"] == "none"
+    with faults.inject(config, cell, hosts, attempt=2, platform="ray") as loss:  # a retry: no fault
+        assert loss is None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_NO_NETNS is not None, reason=str(_NO_NETNS))
+def test_ddp_loses_a_host_and_the_projects_retry_recovers_it(tmp_path, make_config, imdb_dir, bert_tiny_dir):
+    from pipelines import stages
+    from pipelines.cluster import lifecycle
+    from pipelines.config import save_config
+    from pipelines.results import CellResult
+
+    paths = write_token_shards(RunPaths(tmp_path / "runs" / "loss"), imdb_dir, bert_tiny_dir, train_per_class=64,
+                               test_per_class=16, seq_len=32, seed=6)
+    config = make_config(**{"cluster.kind": "emulated", "networks": ["1gbit"], "backends": ["ddp"],
+                            "worker_counts": [2], "epochs": 3, "max_seq_len": 32, "batch_size": 16,
+                            "fault": "host_loss", "fault_epoch": 2, "cell_retries": 1})
+    save_config(config, paths.config)
+    with lifecycle.run_cluster(paths, config) as state:
+        stages.train_cell(str(paths.root), "ddp", 2, network="1gbit")
+        h1 = lifecycle.attach(state).hosts[1]
+        assert h1.pids() == []  # nothing of the cell is left on the host it lost (and relaunched on)
+    result = CellResult.read(paths.cell("ddp", 2, 0, network="1gbit").result)
+    assert result.status == "ok" and len(result.epochs) == 3
+    fault = result.fault
+    assert fault["host"] == "h1" and fault["epoch"] == 2 and fault["recovered_by"] == "project", fault
+    assert fault["platform_outcome"] == "failed" and fault["resumed_from_epoch"] == 1 and fault["epochs_redone"] == 1
+    assert fault["recovery_seconds"] > 0 and fault["lost_seconds"] > 0
+    assert [a.outcome for a in result.attempts] == ["failed", "ok"]
+    assert "lost host h1" in result.attempts[0].error
+
+
+def test_the_report_shows_each_platforms_recovery_side_by_side():
+    from pipelines.report.faults import faults_markdown
+    from pipelines.results import CellResult
+
+    lost = {"kind": "host_loss", "host": "h1", "epoch": 2, "step": 3, "steps": 6, "deadline_s": 120.0,
+            "lost_seconds": 4.2, "resumed_from_epoch": 1, "epochs_redone": 1}
+    results = {
+        "ddp-1gbit-w2-r0": CellResult(backend="ddp", world_size=2, fault={
+            **lost, "platform_outcome": "failed", "recovered_by": "project", "recovery_seconds": 9.5,
+            "platform_error": "RuntimeError: torchrun on h0 (node 0) exited with 1 <b>x</b>"}),
+        "ray-1gbit-w2-r0": CellResult(backend="ray", world_size=2, status="failed", fault={
+            **lost, "platform_outcome": "timed_out", "recovered_by": "none", "recovery_seconds": None,
+            "resumed_from_epoch": None, "epochs_redone": None}),
+        "spark-1gbit-w2-r0": CellResult(backend="spark", world_size=2),  # no fault: not listed
+    }
+    md = faults_markdown(results)
+    assert md.startswith("## Losing a host")
+    ddp = next(line for line in md.splitlines() if line.startswith("| ddp-1gbit"))
+    assert "| h1 | epoch 2 step 3/6 | failed | project | 9.5 | 4.2 | 1 | 1 | ok |" in ddp
+    ray = next(line for line in md.splitlines() if line.startswith("| ray-1gbit"))
+    assert "no recovery before the deadline (120 s) | none | - |" in ray and ray.endswith("| failed |")
+    assert "spark-1gbit" not in md and "<b>" not in md  # escaped
+    assert faults_markdown({"spark-w2-r0": CellResult(backend="spark", world_size=2)}) is None
