@@ -118,7 +118,7 @@ def inject(config, cell: CellPaths, hosts: list | None, attempt: int, platform: 
         why = (f"no recovery within {loss.deadline_s:.0f}s" if loss.timed_out else
                f"it failed {waited:.1f}s later")
         _update(cell, {"platform_outcome": "timed_out" if loss.timed_out else "failed",
-                       "platform_error": f"{type(err).__name__}: {err}"[-1500:]})
+                       "platform_error": _clip(f"{type(err).__name__}: {err}")})
         cls = RecoveryTimeout if loss.timed_out else RuntimeError
         raise cls(f"{platform} lost host {loss.victim.name} in epoch {config.matrix.fault_epoch} and did not "
                   f"recover by its own means ({why}): {type(err).__name__}: {str(err)[-600:]}") from err
@@ -128,6 +128,11 @@ def inject(config, cell: CellPaths, hosts: list | None, attempt: int, platform: 
     finally:
         loss.done.set()
         loss.thread.join(10)
+
+
+def _clip(text: str, head: int = 600, tail: int = 900) -> str:
+    """The error's start (what failed) and end (the launcher's last lines)."""
+    return text if len(text) <= head + tail else f"{text[:head]} [...] {text[-tail:]}"
 
 
 def _update(cell: CellPaths, fields: dict) -> None:

@@ -3,6 +3,8 @@ side by side (``CellResult.fault``, written by ``pipelines.faults.record``)."""
 
 from __future__ import annotations
 
+import re
+
 from pipelines.report.tables import _md_table, _text
 from pipelines.results import CellResult
 
@@ -24,6 +26,14 @@ def _row(name: str, result: CellResult) -> list[str]:
             _text(f.get("resumed_from_epoch", "-")), _text(result.status)]
 
 
+def _headline(error: str) -> str:
+    """What failed: the first ``SomeError: ...`` line of an error (a launcher's message or a JVM's
+    exception), not the log tail that follows it."""
+    lines = [line.strip() for line in error.splitlines() if line.strip()]
+    found = next((line for line in lines if re.match(r"^[\w.$]+(Error|Exception)\b", line)), None)
+    return found or (lines[0] if lines else "")
+
+
 def faults_markdown(results: dict[str, CellResult]) -> str | None:
     """The section (with its own ``## `` title), or None when no cell lost a host."""
     lost = {name: r for name, r in sorted(results.items()) if r.fault}
@@ -40,5 +50,5 @@ def faults_markdown(results: dict[str, CellResult]) -> str | None:
     errors = [(n, r.fault.get("platform_error")) for n, r in lost.items() if r.fault.get("platform_error")]
     if errors:
         lines += ["What each platform reported when it did not recover:", ""]
-        lines += [f"- {_text(n)}: {_text(str(e).splitlines()[-1][:300])}" for n, e in errors]
+        lines += [f"- {_text(n)}: {_text(_headline(str(e))[:300])}" for n, e in errors]
     return "\n".join(lines)
