@@ -196,13 +196,3 @@ def test_smoke_with_a_refused_trigger_value_ends_with_the_refusal(home, tmp_path
     assert done.returncode != 0
     assert _last_lines(done) == [("smoke run failed: refused before any task ran: ParamValidationError: "
                                   "Invalid input for param epochs: 0 is less than the minimum of 1")]
-
-
-@pytest.mark.slow
-def test_smoke_with_an_unknown_config_field_ends_with_the_refusal(home, tmp_path):
-    done = _smoke(home[1], tmp_path / "runs", timeout=300,
-                  BENCHMARK_CONF_EXTRA='"overrides": {"training.bogus": 1}')
-    assert done.returncode != 0
-    last = _last_lines(done)[0]
-    assert last.startswith("smoke run failed: task prepare_run: ConfigError: "), last
-    assert "training.bogus" in last and "\n" not in last
