@@ -123,7 +123,8 @@ def test_sigterm_during_a_cluster_run_exits_143_and_leaves_nothing(tmp_path, imd
         time.sleep(1)
     assert cli.poll() is None, cli.stdout.read()[-3000:]
     keeper = json.loads(state_path.read_text())["keeper_pid"]
-    ranks = [p for p in psutil.process_iter(["cmdline"]) if "pipelines.training.worker" in " ".join(p.info["cmdline"] or [])]
+    ranks = [p for p in psutil.process_iter(["cmdline"])  # this run's ranks only (other runs may train too)
+             if "pipelines.training.worker" in (cmd := " ".join(p.info["cmdline"] or [])) and str(tmp_path) in cmd]
     assert ranks, "the cell's ranks should be training (held after epoch 1)"
     cli.send_signal(signal.SIGTERM)
     out, _ = cli.communicate(timeout=120)
