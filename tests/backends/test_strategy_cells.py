@@ -22,7 +22,7 @@ from pipelines.results import CellResult
 # --- through the backends, on the real data -------------------------------------------------------
 @pytest.fixture(scope="module")
 def strategy_config(bench_config):
-    return bench_config.model_copy(update={"strategies": [
+    return bench_config.model_copy(update={"worker_counts": [1, 2], "strategies": [
         TrainingStrategy(), TrainingStrategy(comm_hook="powersgd", powersgd_rank=2), TrainingStrategy(sharding="fsdp")]})
 
 
