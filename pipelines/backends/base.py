@@ -105,6 +105,13 @@ class TrainingBackend(ABC):
         process trees; ``pipelines.signals`` takes them down on SIGTERM)."""
         return []
 
+    def _hosts_by_cell(self) -> dict[Path, int]:
+        """Cell folder -> hosts its latest launch used (a platform's ``platform_fields`` reads it:
+        the cell's config says one node, the launch knows better)."""
+        if not hasattr(self, "_hosts_used"):
+            self._hosts_used: dict[Path, int] = {}
+        return self._hosts_used
+
     def launch_on_hosts(self, spec: CellSpec, launch_time: float, hosts: list[Host]) -> None:
         """Start the cell's ranks across ``hosts`` by the platform's own multi-node path."""
         raise NotImplementedError(f"{self.name}: no multi-host launch yet")

@@ -127,13 +127,8 @@ class DDPBackend(TrainingBackend):
             return super().run(config, world_size, paths=paths, cell=cell, repeat=repeat, strategy=strategy,
                                hosts=hosts)
         finally:
-            self._nodes_by_cell().pop(cell.root, None)
+            self._hosts_by_cell().pop(cell.root, None)
 
-    def _nodes_by_cell(self) -> dict[Path, int]:
-        """Cell folder -> hosts its launch used (``platform_fields`` reads it; spec.config says 1 node)."""
-        if not hasattr(self, "_hosts_used"):
-            self._hosts_used: dict[Path, int] = {}
-        return self._hosts_used
 
     def _run_secondary_node(self, config: BenchmarkConfig, world_size: int, cell: CellPaths) -> CellResult:
         """Node k > 0: start this node's ranks, then return the result node 0 writes."""
@@ -165,7 +160,7 @@ class DDPBackend(TrainingBackend):
         cmds = host_torchrun_commands(spec.config, spec.world_size, spec.cell_dir, launch_time, hosts, port)
         env = host_env(spec.config, os.environ, per_host)
         logs = [spec.cell.log] + [spec.cell.node_log(k) for k in range(1, len(hosts))]
-        self._nodes_by_cell()[spec.cell_dir] = len(hosts)
+        self._hosts_by_cell()[spec.cell_dir] = len(hosts)
         try:
             execute_on_hosts(cmds, env, hosts, logs)
         finally:
@@ -175,5 +170,5 @@ class DDPBackend(TrainingBackend):
         return {"launcher": "torchrun"}
 
     def platform_fields(self, spec: CellSpec) -> dict:
-        nodes = self._nodes_by_cell().get(spec.cell_dir) or spec.config.engine("ddp").nnodes
+        nodes = self._hosts_by_cell().get(spec.cell_dir) or spec.config.engine("ddp").nnodes
         return {"platform_mode": "torchrun" if nodes == 1 else f"torchrun-{nodes}-nodes"}

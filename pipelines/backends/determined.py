@@ -186,13 +186,8 @@ class DeterminedBackend(TrainingBackend):
             return super().run(config, world_size, paths=paths, cell=cell, repeat=repeat, strategy=strategy,
                                hosts=hosts)
         finally:
-            self._nodes_by_cell().pop(cell.root, None)
+            self._hosts_by_cell().pop(cell.root, None)
 
-    def _nodes_by_cell(self) -> dict[Path, int]:
-        """Cell folder -> hosts its launch used (``platform_fields`` reads it)."""
-        if not hasattr(self, "_hosts_used"):
-            self._hosts_used: dict[Path, int] = {}
-        return self._hosts_used
 
     def _prepare(self, spec: CellSpec, launch_time: float) -> dict:
         """The experiment config, validated and written where the trial reads it."""
@@ -239,7 +234,7 @@ class DeterminedBackend(TrainingBackend):
         env.update({"USE_TORCH_DISTRIBUTED": "1", "DET_CHIEF_IP": hosts[0].address,
                     **{name: str(port) for name, port in zip(ZMQ_PORT_ENV, zmq_ports)}})
         logs = [spec.cell.log] + [spec.cell.node_log(k) for k in range(1, len(hosts))]
-        self._nodes_by_cell()[spec.cell_dir] = len(hosts)
+        self._hosts_by_cell()[spec.cell_dir] = len(hosts)
         try:
             execute_on_hosts(cmds, env, hosts, logs)
         finally:
@@ -253,7 +248,7 @@ class DeterminedBackend(TrainingBackend):
     def platform_fields(self, spec: CellSpec) -> dict:
         if spec.config.engine("determined").master:
             return {"platform_mode": "master"}
-        nodes = self._nodes_by_cell().get(spec.cell_dir, 1)
+        nodes = self._hosts_by_cell().get(spec.cell_dir, 1)
         return {"platform_mode": "local" if nodes == 1 else f"local-{nodes}-nodes"}
 
 

@@ -211,11 +211,6 @@ class RayBackend(TrainingBackend):
         self._hosts_by_cell()[spec.cell_dir] = len(hosts)
         ray_hosts.launch(spec, launch_time, hosts)
 
-    def _hosts_by_cell(self) -> dict[Path, int]:
-        """Cell folder -> hosts its latest launch used (``platform_fields`` reads it)."""
-        if not hasattr(self, "_hosts_used"):
-            self._hosts_used: dict[Path, int] = {}
-        return self._hosts_used
 
     @staticmethod
     def _shutdown(local: bool) -> None:
