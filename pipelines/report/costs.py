@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 
 from pipelines.paths import cell_name
-from pipelines.report.tables import _md_table, _text
+from pipelines.report.tables import _md_table, _text, split_table
 from pipelines.resources import read_timeline
 from pipelines.results import CellResult, ResourceUsage
 from pipelines.summary import RunSummary
@@ -27,6 +27,8 @@ COST_COLUMNS = ["cell", "mode", "wall s", "CPUs", "CPU s (ranks / platform)", "C
 HOST_COLUMNS = ["cell", "host", "measured by", "CPUs", "CPU s (ranks / platform)", "CPU utilisation",
                 "peak memory MB", "ranks / platform peak RSS MB", "platform processes (peak RSS MB)",
                 "sent / received"]
+# the columns of the second table of each split pair (what a cell's platform ran, moved and cost)
+COST_SECOND = ("platform processes (peak RSS MB)", "sent / received", "GPU util / peak MB", "cost")
 PLATFORM_COLUMNS = ["platform", "workers", "network", "repeats measured", "cost (median)",
                     "CPU s (median)", "peak memory MB (max)"]
 
@@ -168,10 +170,12 @@ def costs_markdown(summary: RunSummary, results_by_cell: dict[str, CellResult], 
     parts = ["## What each platform costs", *_price_lines(summary)]
     if summary.aggregates:
         parts += ["### By platform", _md_table(PLATFORM_COLUMNS, platform_rows(summary))]
-    parts += ["### Per cell", _md_table(COST_COLUMNS, cost_rows(summary, results_by_cell))]
+    # two narrow tables (a 1280-pixel window): what the cell used; what it moved and cost
+    parts += ["### Per cell", *split_table(COST_COLUMNS, cost_rows(summary, results_by_cell), COST_SECOND,
+                                           keys=("cell",))]
     hosts = host_rows(results_by_cell)
     if hosts:
-        parts += ["### Per host", _md_table(HOST_COLUMNS, hosts)]
+        parts += ["### Per host", *split_table(HOST_COLUMNS, hosts, COST_SECOND, keys=("cell", "host"))]
     parts += ["### How it was measured", "\n".join(_method_lines(summary, results_by_cell))]
     plots = [(name, timeline_file(report_dir, name)) for name in results_by_cell]
     plots = [(name, path) for name, path in plots if path.exists()]

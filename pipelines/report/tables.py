@@ -219,10 +219,11 @@ STRATEGY_QUALITY = ("test accuracy (median)", "test macro-F1 (median)", "test re
 STRATEGY_KEYS = ("backend", "strategy", "network", "workers")
 
 
-def split_table(header: list[str], rows: list[list[str]], *parts: tuple[str, ...]) -> list[str]:
+def split_table(header: list[str], rows: list[list[str]], *parts: tuple[str, ...],
+                keys: tuple[str, ...] = STRATEGY_KEYS) -> list[str]:
     """One wide table as narrower Markdown ones: each part's columns after the key columns
-    (``STRATEGY_KEYS`` present in the header); the columns no part names go to the first."""
-    keys = [c for c in header if c in STRATEGY_KEYS]
+    (those of ``keys`` present in the header); the columns no part names go to the first."""
+    keys = [c for c in header if c in keys]
     named = {c for part in parts for c in part}
     first = [c for c in header if c not in keys and c not in named]
     lines: list[str] = []
