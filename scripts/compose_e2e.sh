@@ -49,6 +49,7 @@ TEARDOWN_S=240                              # kept for logs, `compose down -v`, 
 # Deadline (epoch seconds) of the whole run; the namespace's half inherits the host's.
 export E2E_DEADLINE="${E2E_DEADLINE:-$(( $(date +%s) + E2E_TIMEOUT ))}"
 export DOCKER_HOST="unix://$RUN_DIR/docker.sock"
+CONTAINERD_SOCK="$RUN_DIR/containerd.sock"
 export SHARED_DATA="$(realpath -m "${SHARED_DATA:-$ROOT/../shared/data}")"
 export TEST_BASE_IMAGE="$BASE_IMAGE"
 
@@ -69,26 +70,47 @@ COMPOSE=(docker compose -p "$PROJECT" --env-file "$ART/.stack.env" --project-dir
          -f "$ROOT/docker-compose.yaml" -f "$ROOT/docker-compose.test.yaml")
 compose() { "${COMPOSE[@]}" "$@"; }   # `timeout N "${COMPOSE[@]}" ...` where it needs a limit
 
-our_dockerd() {  # pid of this script's dockerd, from its pid file, if it runs in our PID namespace
+our_pid() {  # our_pid NAME PATTERN: the pid in $RUN_DIR/NAME.pid, if that process's command line has PATTERN
   local pid
-  pid="$(cat "$RUN_DIR/dockerd.pid" 2>/dev/null)" || return 1
-  # A pid file left by a dockerd of a (killed) namespace holds that namespace's pid: check the
-  # process really is our dockerd before touching it.
-  if tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q "dockerd .*--data-root $STATE_DIR/docker"; then
+  pid="$(cat "$RUN_DIR/$1.pid" 2>/dev/null)" || return 1
+  # A pid file left by a daemon of a (killed) namespace holds that namespace's pid: check the
+  # process really is ours before touching it.
+  if tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$2"; then
     echo "$pid"
   else
-    rm -f "$RUN_DIR/dockerd.pid"
+    rm -f "$RUN_DIR/$1.pid"
     return 1
   fi
+}
+our_dockerd() { our_pid dockerd "dockerd .*--data-root $STATE_DIR/docker"; }
+our_containerd() { our_pid containerd "containerd --config $RUN_DIR/containerd.toml"; }
+
+start_containerd() {  # start_containerd LOG: the containerd dockerd uses, started and awaited here
+  # dockerd gives a containerd it starts itself 15 s to answer, which a loaded 2-core machine
+  # can exceed (CI: "failed to start containerd: timeout waiting for containerd to start").
+  local logfile="$1"
+  mkdir -p "$RUN_DIR/containerd" "$STATE_DIR/docker/containerd/daemon"
+  our_containerd >/dev/null || true  # drops a stale pid file
+  printf 'version = 2\nroot = "%s"\nstate = "%s"\ndisabled_plugins = ["io.containerd.grpc.v1.cri"]\n[grpc]\n  address = "%s"\n' \
+    "$STATE_DIR/docker/containerd/daemon" "$RUN_DIR/containerd/state" "$CONTAINERD_SOCK" > "$RUN_DIR/containerd.toml"
+  ${DOCKERD_SETSID:+setsid} containerd --config "$RUN_DIR/containerd.toml" >> "$logfile" 2>&1 &
+  echo $! > "$RUN_DIR/containerd.pid"
+  for _ in $(seq 1 240); do  # 2 min
+    timeout 10 ctr --address "$CONTAINERD_SOCK" version >/dev/null 2>&1 && return 0
+    kill -0 $! 2>/dev/null || { tail -20 "$logfile" >&2; return 1; }
+    sleep 0.5
+  done
+  log "containerd did not answer on $CONTAINERD_SOCK"; tail -20 "$logfile" >&2; return 1
 }
 
 start_dockerd() {  # start_dockerd LOG ARGS...: dockerd on this script's socket and data root
   local logfile="$1"; shift
   mkdir -p "$RUN_DIR" "$STATE_DIR/docker"
   our_dockerd >/dev/null || true  # drops a stale pid file
+  start_containerd "$logfile" || return 1
   ${DOCKERD_SETSID:+setsid} dockerd --data-root "$STATE_DIR/docker" --exec-root "$RUN_DIR/exec" \
-    --pidfile "$RUN_DIR/dockerd.pid" -H "$DOCKER_HOST" "$@" >> "$logfile" 2>&1 &
-  for _ in $(seq 1 60); do
+    --containerd "$CONTAINERD_SOCK" --pidfile "$RUN_DIR/dockerd.pid" -H "$DOCKER_HOST" "$@" >> "$logfile" 2>&1 &
+  for _ in $(seq 1 120); do
     timeout 10 docker version >/dev/null 2>&1 && return 0
     kill -0 $! 2>/dev/null || { tail -20 "$logfile" >&2; return 1; }
     sleep 0.5
@@ -96,12 +118,17 @@ start_dockerd() {  # start_dockerd LOG ARGS...: dockerd on this script's socket 
   log "dockerd did not answer on $DOCKER_HOST"; tail -20 "$logfile" >&2; return 1
 }
 
-stop_dockerd() {
+stop_pid() {  # stop_pid NAME PID: TERM, 30 s, then KILL
+  kill "$2" 2>/dev/null || return 0
+  for _ in $(seq 1 60); do kill -0 "$2" 2>/dev/null || return 0; sleep 0.5; done
+  log "$1 $2 still running after 30 s; killing it"; kill -9 "$2" 2>/dev/null || true
+}
+
+stop_dockerd() {  # dockerd, then its containerd
   local pid
-  pid="$(our_dockerd)" || return 0
-  kill "$pid"
-  for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.5; done
-  log "dockerd $pid still running after 30 s; killing it"; kill -9 "$pid" 2>/dev/null || true
+  if pid="$(our_dockerd)"; then stop_pid dockerd "$pid"; fi
+  if pid="$(our_containerd)"; then stop_pid containerd "$pid"; fi
+  return 0
 }
 
 # --------------------------------------------------------------------------------------------
@@ -286,7 +313,7 @@ stack_pid=$!
 trap 'kill -TERM "$stack_pid" 2>/dev/null; wait "$stack_pid"; exit 143' TERM INT HUP
 wait "$stack_pid" || rc=$?
 trap 'exit 143' TERM INT HUP
-our_dockerd >/dev/null || true   # the namespace's dockerd died with it: drop its pid file
+our_dockerd >/dev/null || true; our_containerd >/dev/null || true  # they died with the namespace: drop their pid files
 timing total "$total_start"
 python3 - "$ART" <<'EOF'
 import json, sys
