@@ -3,6 +3,9 @@
 #   bash scripts/test.sh [pytest args]      e.g.  bash scripts/test.sh -m "not e2e"
 # The docker-compose stack e2e (tests/compose, 10-16 min, needs root) is part of it: opt out
 # with  BENCHMARK_COMPOSE_E2E=0 bash scripts/test.sh
+# Tests marked `heavy` (over ~1 min each, their path covered by a shorter test) are left out, to keep
+# CI near 45 min on 2 cores: BENCHMARK_HEAVY_TESTS=1 bash scripts/test.sh runs them too (so does
+# pytest on their file, or a -m of your own).
 set -euo pipefail
 export BENCHMARK_COMPOSE_E2E="${BENCHMARK_COMPOSE_E2E:-1}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -14,4 +17,5 @@ bash scripts/services.sh
 source scripts/airflow_env.sh
 # Lint: undefined names, unused imports, syntax errors, Airflow 3 migration rules (AIR3).
 "$ROOT/.venv/bin/ruff" check --select F,E9,AIR3 pipelines dags plugins tests bench
-exec "$ROOT/.venv/bin/python" -m pytest --durations=25 --timeout=1200 "$@"
+select=(-m "not heavy"); [ "${BENCHMARK_HEAVY_TESTS:-0}" != 1 ] || select=()
+exec "$ROOT/.venv/bin/python" -m pytest --durations=25 --timeout=1200 "${select[@]}" "$@"

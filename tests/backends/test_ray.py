@@ -193,6 +193,7 @@ def test_ray_cell_killed_after_epoch_1_resumes_from_rays_checkpoint(ray_cells, t
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_ray_address_joins_an_existing_cluster_and_leaves_it_running(trained, bench_config, run_paths,
                                                                      tmp_path):
     """A head started outside the cell (``ray start --head --block``, on loopback) is joined

@@ -132,6 +132,7 @@ def test_class_ratio_builds_an_imbalanced_train_sample(imbalanced_run):
         validate_snapshot(config.model_copy(update={"class_ratio": None}), paths)
 
 
+@pytest.mark.heavy  # ~2 min of learning; CI: the strategy cells train and record (test_determined_runs_the_imbalance_strategies)
 def test_weighted_sampler_raises_minority_recall(imbalanced_run):
     config, paths, _ = imbalanced_run
     plain = run_cell(config, paths, Backend.DDP, 1, 0, strategy="default")

@@ -25,6 +25,7 @@ _NO_NETNS = why_unavailable()
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # ~4 min: the bandwidth measurement behind bench/RESULTS.md
 @pytest.mark.skipif(_NO_NETNS is not None, reason=str(_NO_NETNS))
 def test_bandwidth_shapes_communication_and_the_strategies_save_it(tmp_path, make_config, imdb_dir, bert_tiny_dir):
     from pipelines import stages

@@ -121,7 +121,7 @@ _NO_NETNS = why_unavailable()
 
 @pytest.mark.slow
 @pytest.mark.skipif(_NO_NETNS is not None, reason=str(_NO_NETNS))
-@pytest.mark.parametrize("backend", ["spark", "spark_dataframe"])
+@pytest.mark.parametrize("backend", ["spark", pytest.param("spark_dataframe", marks=pytest.mark.heavy)])
 def test_a_spark_cell_across_two_emulated_hosts(backend, tmp_path, imdb_dir, bert_tiny_dir):
     from pipelines.backends import run_cell
     from pipelines.cluster import EmulatedCluster

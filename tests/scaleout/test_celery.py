@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 DATA_TASKS = ("prepare_run", "ingest", "validate_snapshot", "preprocess", "validate_tokens")
 REPORT_TASKS = ("evaluate", "report", "track", "check_regression")
 
-pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+# heavy: the compose stack e2e (tests/compose) runs the DAG on two Celery workers in CI
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.heavy]
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("redis-server"),
