@@ -58,6 +58,7 @@ def test_two_cells_started_at_once_are_timed_one_after_the_other(cli_run, run_pa
     assert a.epochs[0].train_loss != b.epochs[0].train_loss
 
 
+@pytest.mark.heavy  # ~90 s; CI: the CLI retry test (tests/test_cli.py) and the SIGKILL resume in tests/e2e
 def test_a_killed_and_retried_cell_reports_both_attempts(cli_run, run_paths):
     cell = run_paths.cell("ddp", 1, 7)
     proc = cli_run(7, **fault_injection.env(1, PROJECT_ROOT))
