@@ -129,7 +129,6 @@ class DDPBackend(TrainingBackend):
         finally:
             self._hosts_by_cell().pop(cell.root, None)
 
-
     def _run_secondary_node(self, config: BenchmarkConfig, world_size: int, cell: CellPaths) -> CellResult:
         """Node k > 0: start this node's ranks, then return the result node 0 writes."""
         node = config.engine("ddp").node_rank

@@ -188,7 +188,6 @@ class DeterminedBackend(TrainingBackend):
         finally:
             self._hosts_by_cell().pop(cell.root, None)
 
-
     def _prepare(self, spec: CellSpec, launch_time: float) -> dict:
         """The experiment config, validated and written where the trial reads it."""
         from pipelines.data.tokens import read_token_split

@@ -211,7 +211,6 @@ class RayBackend(TrainingBackend):
         self._hosts_by_cell()[spec.cell_dir] = len(hosts)
         ray_hosts.launch(spec, launch_time, hosts)
 
-
     @staticmethod
     def _shutdown(local: bool) -> None:
         """Disconnect; for the cell's own cluster this stops its processes (raylet, GCS,
