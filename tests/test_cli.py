@@ -72,6 +72,7 @@ def test_run_then_rereport_into_a_fresh_store(tmp_path, imdb_dir, bert_tiny_dir)
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # ~2.5 min; CI: the same policy through the DAG (its ddp cell fails twice, retried twice)
 def test_a_failing_cell_is_retried_cell_retries_times(tmp_path, imdb_dir, bert_tiny_dir):
     """The CLI's retries are matrix.cell_retries (2 by default), as the DAG's
     (tests/airflow/test_dag.py::test_dags_test_runs_the_whole_benchmark)."""

@@ -350,7 +350,7 @@ def main() -> int:
         # The Spark master comes from the stack (BENCHMARK_SPARK_MASTER). The stack's evidence is
         # about Airflow, Celery, Spark, Determined and MLflow as deployed; Ray's local cluster per
         # cell is checked natively (tests/backends/test_ray.py), not inside the containers.
-        conf = {"profile": "smoke", "backends": ["ddp", "spark", "determined"], "worker_counts": [1, 2]}
+        conf = {"profile": "smoke", "backends": ["ddp", "spark", "determined"], "worker_counts": [2]}
         result["conf"] = conf
         if args.run_id:
             state = api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{args.run_id}")["state"]

@@ -60,6 +60,7 @@ def test_get_spark_moves_from_a_local_session_to_the_cluster(spark_cluster):
     assert cluster.sparkContext.parallelize(range(4), 2).map(lambda x: x * 2).sum() == 12  # executors work
 
 
+@pytest.mark.heavy  # ~75 s; CI: spark cells on a standalone cluster in tests/cluster and tests/compose
 def test_spark_backend_trains_on_the_cluster_like_local_ddp(spark_cluster, scaleout_config, scaleout_paths,
                                                               single_node_w2, assert_same_training):
     from pipelines.backends import run_cell
