@@ -25,13 +25,9 @@ cd "$ROOT"
 mkdir -p "$ART"
 rm -f "$ART"/1?_*.png "$ART"/page_error.png "$ART"/page_results.json
 WORK="$(mktemp -d /tmp/e2e-page.XXXXXX)"
-cleanup() {  # as in e2e_browser.sh: end the namespace's leftovers, remove $WORK, keep the exit status
-  local status=$?
-  if [ "$$" = 1 ]; then kill -KILL -1 2>/dev/null || true; sleep 0.5; fi
-  for _ in 1 2 3 4 5; do rm -rf "$WORK" 2>/dev/null && break; sleep 1; done
-  exit "$status"
-}
-trap cleanup EXIT
+# shellcheck disable=SC1091
+source "$ROOT/scripts/namespace_cleanup.sh"
+cleanup_on_exit "$WORK"
 export AIRFLOW_HOME="$WORK/airflow_home" BENCHMARK_OUTPUT_ROOT="$WORK/runs"
 export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN="sqlite:///$WORK/airflow_home/airflow.db"
 export AIRFLOW__API__WORKERS=1 MLFLOW_UI_URL="http://127.0.0.1:5000"

@@ -28,16 +28,9 @@ cd "$ROOT"
 mkdir -p "$ART"
 rm -f "$ART"/0?_*.png "$ART"/results.json "$ART"/failed_task_logs.txt  # 1?_*.png: e2e_benchmarks_page.sh
 WORK="$(mktemp -d /tmp/e2e-airflow.XXXXXX)"
-# On exit: end what Airflow left running (this script is PID 1 of its namespace: kill -1 reaches only
-# the namespace's processes), then remove $WORK; the script's own exit status stands either way
-# (a task process still writing there made `rm -rf` fail, and with it a run that had passed).
-cleanup() {
-  local status=$?
-  if [ "$$" = 1 ]; then kill -KILL -1 2>/dev/null || true; sleep 0.5; fi
-  for _ in 1 2 3 4 5; do rm -rf "$WORK" 2>/dev/null && break; sleep 1; done
-  exit "$status"
-}
-trap cleanup EXIT
+# shellcheck disable=SC1091
+source "$ROOT/scripts/namespace_cleanup.sh"
+cleanup_on_exit "$WORK"
 
 # Private to this check (airflow_env.sh keeps values already set): home and outputs in $WORK.
 export AIRFLOW_HOME="$WORK/airflow_home" BENCHMARK_OUTPUT_ROOT="$WORK/runs"
