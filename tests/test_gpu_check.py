@@ -145,8 +145,12 @@ def test_autocast_and_fused_adamw_options():
     assert fused.optimizer_options(env) == {"fused": True}
     optimizer, _ = build_optimizer(model, config, 10, **fused.optimizer_options(env))
     assert optimizer.defaults["fused"] is True
-    default, _ = build_optimizer(model, config, 10)  # the loop's default: AdamW as before
-    assert default.defaults["fused"] is None and gpu_check.make_distributed((), "cpu").optimizer_options(env) == {}
+    default, _ = build_optimizer(model, config, 10)  # the loop's default: the fused kernel too (CPU and CUDA)
+    assert default.defaults["fused"] is True
+    base = gpu_check.make_distributed((), "cpu").optimizer_options(env)  # the check's base: torch's own default
+    assert base == {"fused": None} and build_optimizer(model, config, 10, **base)[0].defaults["fused"] is None
+    looped, _ = build_optimizer(model, config, 10, foreach=True)  # asking for another implementation wins
+    assert looped.defaults["foreach"] is True and not looped.defaults["fused"]
 
 
 def test_compile_option_wraps_the_model():

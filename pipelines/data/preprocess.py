@@ -6,7 +6,7 @@ Run as a stage (after ``validate_snapshot``) or directly::
     stats = preprocess(config, paths)
 
 Reads ``snapshot/{train,test}.parquet`` with Spark (master ``config.engine("spark").master``) and tokenizes
-with ``pipelines.data.tokens.tokenize_frame`` inside ``mapInPandas`` (tokenizer from
+with ``pipelines.data.tokens.tokenize_frame``'s encoder inside ``mapInPandas`` (tokenizer from
 ``config.data.tokenizer_source``, fixed length ``config.data.max_seq_len``). Writes
 ``tokens/<split>/part-*.parquet`` (input_ids array<int>, attention_mask array<tinyint>,
 label bigint) and ``tokens/preprocess.json`` (the returned stats: rows and shards per split,
@@ -58,14 +58,15 @@ def check_tokenizer(source: str) -> None:
         ) from err
 
 
-def _tokenizer_fn(tokenizer_source: str, max_seq_len: int, truncation_side: str = "right"):
-    """The function mapInPandas runs on each partition's Arrow batches (in the workers)."""
+def _tokenizer_fn(encoder: str):
+    """The function mapInPandas runs on each partition's Arrow batches (in the workers), with the
+    tokenizer the driver serialized (``encoder_json``): the workers import only ``tokenizers``."""
 
     def tokenize_batches(batches):
-        from pipelines.data.tokens import tokenize_frame  # imported in the worker process
+        from pipelines.data.tokens import encode_frame  # imported in the worker process
 
         for frame in batches:
-            out = tokenize_frame(frame, tokenizer_source, max_seq_len, truncation_side)
+            out = encode_frame(frame, encoder)
             out["row_id"] = frame["row_id"].to_numpy()  # carried so each shard can be sorted
             yield out
 
@@ -78,6 +79,8 @@ def tokenize_split(
     """Tokenize one snapshot file into ``num_shards`` ordered parquet shards; returns rows."""
     from pyspark.sql import functions as F
 
+    from pipelines.data.tokens import encoder_json
+
     frame = spark.read.parquet(snapshot_file.resolve().as_uri()).select(
         # position in the file (ingest writes one file per split, so it is the snapshot order)
         "text", "label", F.col("_metadata.row_index").alias("row_id")
@@ -85,8 +88,8 @@ def tokenize_split(
     tokens = (
         frame.repartitionByRange(num_shards, "row_id")  # shard k holds a contiguous row range
         .sortWithinPartitions("row_id")
-        .mapInPandas(_tokenizer_fn(config.data.tokenizer_source, config.data.max_seq_len, config.data.truncation_side),
-                     TOKEN_SCHEMA)
+        .mapInPandas(_tokenizer_fn(encoder_json(config.data.tokenizer_source, config.data.max_seq_len,
+                                                config.data.truncation_side)), TOKEN_SCHEMA)
         .drop("row_id")
     )
     tokens.write.mode("error").parquet(out_dir.resolve().as_uri())

@@ -63,9 +63,15 @@ def eval_loader(dataset: TensorDataset, batch_size: int, env: DistEnv | None = N
 def build_optimizer(model: torch.nn.Module, config: BenchmarkConfig, total_steps: int, **adamw_options):
     """AdamW (no decay on biases/LayerNorm) + linear warm-up then linear decay, per batch.
 
-    ``adamw_options`` go to ``torch.optim.AdamW`` as they are (e.g. ``fused=True``); none by default.
+    AdamW runs torch's fused kernel (one pass over all parameters; CPU and CUDA) unless
+    ``adamw_options`` choose otherwise (``foreach=True``, ``fused=False``): on CPU the default
+    per-parameter loop took 32 of a 55 ms BERT-tiny step (batch 8, seq 48), the fused kernel 4 ms
+    (``python bench/optimizer_step.py``). Every backend trains with this one optimizer.
     """
     from transformers import get_linear_schedule_with_warmup
+
+    if not adamw_options.get("foreach"):
+        adamw_options = {"fused": True, **adamw_options}
 
     decay, no_decay = [], []
     for _, param in model.named_parameters():

@@ -151,6 +151,34 @@ def test_truncation_side_keeps_the_chosen_end_of_a_long_review(bert_tiny_dir, si
     assert tokens == ["[CLS]", *kept, "[SEP]"]  # the special tokens stay in place either way
 
 
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_tokenize_frame_gives_the_hugging_face_tokenizers_ids(imdb_dir, bert_tiny_dir, side):
+    """The serialized Rust tokenizer Spark's workers use (encoder_json) tokenizes as the Hugging Face
+    call does, on real reviews (markup, accents, long texts) and a folder whose tokenizer_config.json
+    overrides tokenizer.json (transformers applies do_lower_case; so must the encoder)."""
+    frame = pd.read_parquet(imdb_dir / "test.parquet").sample(300, random_state=3)
+    frame = pd.concat([frame, pd.DataFrame({"text": ["Hello WORLD Caf\u00e9 <br /><br />", ""], "label": [1, 0]})])
+    hf = load_tokenizer(str(bert_tiny_dir))
+    hf.truncation_side = side
+    want = hf(frame["text"].tolist(), truncation=True, max_length=SEQ_LEN, padding="max_length",
+              return_token_type_ids=False)
+    got = tokenize_frame(frame, str(bert_tiny_dir), SEQ_LEN, side)
+    assert [ids.tolist() for ids in got["input_ids"]] == want["input_ids"]
+    assert [m.tolist() for m in got["attention_mask"]] == want["attention_mask"]
+
+
+def test_the_encoder_keeps_tokenizer_config_overrides(bert_tiny_dir, tmp_path):
+    folder = tmp_path / "cased"
+    shutil.copytree(bert_tiny_dir, folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "do_lower_case": False}))
+    frame = pd.DataFrame({"text": ["Hello WORLD"], "label": [1]})
+    hf = load_tokenizer(str(folder))
+    want = hf(["Hello WORLD"], truncation=True, max_length=8, padding="max_length")["input_ids"][0]
+    assert tokenize_frame(frame, str(folder), 8).at[0, "input_ids"].tolist() == want
+    assert want != tokenize_frame(frame, str(bert_tiny_dir), 8).at[0, "input_ids"].tolist()  # it did matter
+
+
 def test_unknown_truncation_side_is_refused(bert_tiny_dir):
     frame = pd.DataFrame({"text": ["a review"], "label": [1]})
     with pytest.raises(ValueError, match="truncation_side must be 'right' or 'left', got 'middle'"):
