@@ -76,7 +76,8 @@ def test_a_normal_run_names_the_fastest_the_overheads_with_their_phase_and_parit
     assert "spark (local) and determined (local) ran in modes that do not measure" in texts[3]
     assert not [f for f in verdict.findings if f.kind in ("failed", "regressed", "regression")]
     lead = verdict.as_json()["lead"]
-    assert lead == "What this run found (each cell's total wall time, median over 1 repeat):"
+    assert lead == ("What this run found (each cell's total wall time, one repeat: no intervals, so gaps of a "
+                    "few percent can be run-to-run noise):")
 
 
 def test_accuracy_off_parity_names_the_platform(make_config):

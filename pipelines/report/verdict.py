@@ -287,8 +287,11 @@ def regression_finding(regression: dict[str, Any] | None) -> dict[str, str] | No
 def _lead(summary: RunSummary) -> Parts:
     repeats = max((a.repeats for a in summary.aggregates), default=0)
     strategies = sorted({a.strategy for a in summary.aggregates} - {DEFAULT_STRATEGY})
-    parts = _say("What this run found (each cell's total wall time, median over {n} repeat{s}",
-                 n=repeats, s="" if repeats == 1 else "s")
+    if repeats == 1:  # no interval says how far apart two platforms really are
+        parts = _say("What this run found (each cell's total wall time, one repeat: no intervals, so gaps "
+                     "of a few percent can be run-to-run noise")
+    else:
+        parts = _say("What this run found (each cell's total wall time, median over {n} repeats", n=repeats)
     if strategies:
         parts += _say("; strategy {strategy}", strategy=", ".join(strategies))
     return parts + [("):", False)]

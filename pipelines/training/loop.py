@@ -3,7 +3,7 @@
 Started through ``pipelines.training.worker`` (torchrun, TorchDistributor); the Determined
 trial reuses its pieces (data, loaders, optimizer, evaluation: ``pipelines.training.steps``;
 result: ``pipelines.training.outcome``; both importable from here) and its timing record.
-Reads the token shards of the run folder, trains with DistributedSampler + AdamW + linear
+Reads the token shards of the run folder, trains with DistributedSampler + AdamW (torch's fused kernel) + linear
 warm-up, all-reduces per-epoch train loss/accuracy, evaluates on the validation split (carved
 from train at ingest) each epoch, checkpoints every epoch to ``<cell>/checkpoints`` and resumes
 from the newest one; the test split is evaluated once, at the end.
