@@ -6,7 +6,9 @@
 characters) and shut down after it, also when training fails; ``platform_mode="local-cluster"``.
 ``ray_address="auto"`` / ``ray://host:10001`` / ``host:6379``: the cell joins that cluster
 (left running; the run folder must be on storage its nodes see at the same path);
-``platform_mode="cluster"``.
+``platform_mode="cluster"``. A cluster with token authentication (Ray turns it on by itself once
+~/.ray/auth_token exists) needs its token in the driver's environment: ``RAY_AUTH_MODE=token``
+and ``RAY_AUTH_TOKEN_PATH`` (or ``RAY_AUTH_TOKEN``), as Ray's token-auth docs say.
 Several hosts driven from here (``run_cell(..., hosts=cluster.hosts)``, e.g. the hosts of
 ``pipelines.cluster.EmulatedCluster``): ``launch_on_hosts`` builds a Ray cluster on them (head on
 hosts[0], ``ray start --address`` on the others), runs the driver on hosts[0] and stops every

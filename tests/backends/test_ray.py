@@ -195,23 +195,34 @@ def test_ray_cell_killed_after_epoch_1_resumes_from_rays_checkpoint(ray_cells, t
 @pytest.mark.slow
 @pytest.mark.heavy
 def test_ray_address_joins_an_existing_cluster_and_leaves_it_running(trained, bench_config, run_paths,
-                                                                     tmp_path):
+                                                                     tmp_path, monkeypatch):
     """A head started outside the cell (``ray start --head --block``, on loopback) is joined
     with ``ray_address=host:port``; the cell trains there like a local cluster's and the head
-    survives the cell, until its owner stops it."""
-    import socket
+    survives the cell, until its owner stops it. The cluster uses token authentication with a
+    token of its own, which the driver's deployment gives it (``RAY_AUTH_MODE`` /
+    ``RAY_AUTH_TOKEN_PATH``): left unset, the head turns token auth on by itself whenever
+    ~/.ray/auth_token exists (any local ``ray.init`` writes one) and refuses the driver."""
+    import secrets
     import shutil
+    import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     temp_dir = f"/tmp/rayhead-{os.getpid()}"
+    token = tmp_path / "ray-token"
+    token.write_text(secrets.token_hex(32))
+    token.chmod(0o600)
+    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
+    for key, value in auth.items():  # the driver: this process
+        monkeypatch.setenv(key, value)
     before = ray_processes()
     head = subprocess.Popen(
         [os.path.join(os.path.dirname(sys.executable), "ray"), "start", "--head", "--block",
          f"--port={port}", "--node-ip-address=127.0.0.1", "--num-cpus=2", "--include-dashboard=false",
          f"--temp-dir={temp_dir}"],
-        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        env={**os.environ, **auth, "PYTHONPATH": str(PROJECT_ROOT), "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         config = bench_config.model_copy(update={"ray_address": f"127.0.0.1:{port}"})
         cell = CellPaths(run_paths.cells / "ray-w2-joined")
