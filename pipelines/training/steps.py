@@ -65,8 +65,9 @@ def build_optimizer(model: torch.nn.Module, config: BenchmarkConfig, total_steps
 
     AdamW runs torch's fused kernel (one pass over all parameters; CPU and CUDA) unless
     ``adamw_options`` choose otherwise (``foreach=True``, ``fused=False``): on CPU the default
-    per-parameter loop took 32 of a 55 ms BERT-tiny step (batch 8, seq 48), the fused kernel 4 ms
-    (``python bench/optimizer_step.py``). Every backend trains with this one optimizer.
+    per-parameter loop is over half of a BERT-tiny step, the fused kernel a few percent
+    (``python bench/optimizer_step.py``; figures in bench/RESULTS.md). Every backend trains with
+    this one optimizer.
     """
     from transformers import get_linear_schedule_with_warmup
 
