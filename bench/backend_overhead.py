@@ -6,7 +6,7 @@
 
 First a bare torchrun job (this file re-run as ``--bare-worker``: plain DDP, no project code,
 BERT-tiny from its config, same steps/batch/sequence length), then every backend's real cell
-(``pipelines.backends.run_cell``) on token shards of the real IMDB copy. Prints steady-state
+(``pipelines.run.cells.run_cell``) on token shards of the real IMDB copy. Prints steady-state
 training time (training epochs: data loading + forward/backward/step) and its ratio to bare
 torchrun and to ddp, and start-up / total wall time separately (with start-up's ratio to ddp).
 ``--rounds`` (default 3) repeats every path, interleaved in a rotating order; medians are
@@ -45,7 +45,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipelines.paths import PROJECT_ROOT
+from pipelines.runfolder.paths import PROJECT_ROOT
 
 SHARED = Path(os.environ.get("SHARED_DATA", PROJECT_ROOT.parent / "shared" / "data"))
 
@@ -101,9 +101,9 @@ def run_bare(args, out: Path, rnd: int = 0) -> dict:
 
 FRESH_CELL = """import sys
 from pathlib import Path
-from pipelines.backends import run_cell
+from pipelines.run.cells import run_cell
 from pipelines.config import Backend, read_config
-from pipelines.paths import RunPaths
+from pipelines.runfolder.paths import RunPaths
 run_cell(read_config(Path(sys.argv[1])), RunPaths(Path(sys.argv[2])), Backend(sys.argv[3]), int(sys.argv[4]),
          int(sys.argv[5]))
 """
@@ -135,7 +135,7 @@ def link_run(source, target) -> None:
 def run_fresh(config_path: Path, paths, backend: str, workers: int, rnd: int):
     """One cell in a new Python process; -> (its result, the command's wall time less the time
     it waited for the host's timing lock)."""
-    from pipelines.results import CellResult
+    from pipelines.runfolder.results import CellResult
 
     t0 = time.time()
     subprocess.run([sys.executable, "-c", FRESH_CELL, str(config_path), str(paths.root), backend, str(workers),
@@ -148,7 +148,7 @@ def make_shards(args, paths) -> None:
     import pandas as pd
 
     from pipelines.data.tokens import tokenize_frame
-    from pipelines.fileio import atomic_write_json
+    from pipelines.runfolder.fileio import atomic_write_json
 
     atomic_write_json(paths.manifest, {"labels": [0, 1], "source": str(SHARED / "imdb"), "splits": {}})
     # the loop evaluates a validation split every epoch: a tenth as many reviews, other train rows
@@ -191,7 +191,7 @@ def main() -> None:
         return bare_worker(args)
 
     from pipelines.config import Backend
-    from pipelines.paths import RunPaths
+    from pipelines.runfolder.paths import RunPaths
 
     out = Path(args.out or tempfile.mkdtemp(prefix="overhead-"))
     paths = RunPaths(out / "run")
@@ -202,7 +202,7 @@ def main() -> None:
         Backend(backend)  # an unknown path or backend fails here, before anything runs
     cluster_url = None
     if any(o.get("spark_master") == "<cluster>" for _, o in plans.values()):
-        from pipelines import spark_cluster
+        from pipelines.engines import spark_cluster
 
         cluster_url = spark_cluster.start(paths, workers=args.workers)  # stopped in the finally below
     try:
@@ -213,9 +213,9 @@ def main() -> None:
 
 
 def _bench(args, out: Path, paths, names: list[str], plans: dict, cluster_url: str | None) -> None:
-    from pipelines.backends import run_cell
+    from pipelines.run.cells import run_cell
     from pipelines.config import Backend, load_config, save_config
-    from pipelines.paths import RunPaths
+    from pipelines.runfolder.paths import RunPaths
 
     config = load_config("nightly", dict(
         model_source=args.model, tokenizer_source=args.model, output_root=str(out),

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from unittest import mock
 
-from pipelines.paths import PROJECT_ROOT, RunPaths
+from pipelines.runfolder.paths import PROJECT_ROOT, RunPaths
 
 SHARED = Path(os.environ.get("SHARED_DATA", PROJECT_ROOT.parent / "shared" / "data"))
 

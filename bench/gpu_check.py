@@ -79,7 +79,7 @@ def prepare(args) -> dict:
     import pandas as pd
 
     from pipelines.data.tokens import tokenize_frame
-    from pipelines.paths import RunPaths
+    from pipelines.runfolder.paths import RunPaths
 
     shared, out = Path(args.shared), Path(args.out)
     model_dir = out / "model"
@@ -192,9 +192,9 @@ def run_one(args) -> dict:
     """Train one option set with ``run_training`` in this process; writes and returns its summary."""
     import torch
 
-    from pipelines.cell import CellSpec
+    from pipelines.training.cell import CellSpec
     from pipelines.config import Backend, load_config
-    from pipelines.results import CellResult
+    from pipelines.runfolder.results import CellResult
     from pipelines.training.graph_step import run_whole_step
     from pipelines.training.loop import run_training
 

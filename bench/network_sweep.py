@@ -26,8 +26,8 @@ import sys
 import time
 from pathlib import Path
 
-from pipelines.paths import DEFAULT_STRATEGY, PROJECT_ROOT, RunPaths
-from pipelines.summary import Aggregate, RunSummary, read_summary
+from pipelines.runfolder.paths import DEFAULT_STRATEGY, PROJECT_ROOT, RunPaths
+from pipelines.runfolder.summary import Aggregate, RunSummary, read_summary
 
 DEFAULT_NETWORKS = ("unshaped", "1gbit", "100mbit")
 

@@ -19,7 +19,7 @@ import os
 import time
 from pathlib import Path
 
-from pipelines.paths import PROJECT_ROOT
+from pipelines.runfolder.paths import PROJECT_ROOT
 
 SHARED = Path(os.environ.get("SHARED_DATA", PROJECT_ROOT.parent / "shared" / "data"))
 IMPLEMENTATIONS = {"for-loop (default)": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}

@@ -5,10 +5,10 @@
 
 Each job is a fresh driver process (as each Ray cell is) running ``TorchTrainer`` with a loop that
 only imports torch and transformers (what the shared loop imports first), 1 CPU per worker, the
-project's worker runtime env. First one job as ``pipelines.backends.ray`` runs a cell today: ``ray.init``
+project's worker runtime env. First one job as ``pipelines.platforms.ray.adapter`` runs a cell today: ``ray.init``
 starts a local cluster for it (``local_cluster_options``) and ``ray.shutdown`` stops it. Then a head
 started once (``ray start --head --block`` on 127.0.0.1, token authentication with a token of its
-own, as ``pipelines.ray_hosts`` starts a node) and ``--jobs`` jobs joining it one after another;
+own, as ``pipelines.platforms.ray.hosts`` starts a node) and ``--jobs`` jobs joining it one after another;
 the head is stopped at the end (SIGTERM to ``ray start --block``). Prints, per job: seconds for
 ``ray.init``, from the driver's start until every worker ran the loop's first line, for the
 imports in the loop, for ``fit`` to return after that, and for ``ray.shutdown``; and the head's
@@ -38,7 +38,7 @@ def job(address: str | None, workers: int) -> dict:
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    from pipelines.backends.ray import local_cluster_options, worker_env_vars
+    from pipelines.platforms.ray.adapter import local_cluster_options, worker_env_vars
 
     runtime_env = {"env_vars": worker_env_vars()}
     t_import = time.time()
@@ -132,7 +132,7 @@ def main() -> None:
         for _ in range(args.jobs):
             joined.append(run_job(address, args.workers, env))
             print(json.dumps(joined[-1]), flush=True)
-    finally:  # SIGTERM: `ray start --block` stops its node (no drain: pipelines.ray_hosts.NO_DRAIN)
+    finally:  # SIGTERM: `ray start --block` stops its node (no drain: pipelines.platforms.ray.hosts.NO_DRAIN)
         head.terminate()
         try:
             head.wait(60)

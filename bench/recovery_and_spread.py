@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipelines.paths import PROJECT_ROOT
+from pipelines.runfolder.paths import PROJECT_ROOT
 
 SHARED = Path(os.environ.get("SHARED_DATA", PROJECT_ROOT.parent / "shared" / "data"))
 
@@ -38,8 +38,8 @@ def make_run(args, root: Path):
 
     from pipelines.config import load_config, save_config
     from pipelines.data.tokens import tokenize_frame
-    from pipelines.fileio import atomic_write_json
-    from pipelines.paths import RunPaths
+    from pipelines.runfolder.fileio import atomic_write_json
+    from pipelines.runfolder.paths import RunPaths
 
     paths = RunPaths(root / "run")
     config = load_config("nightly", dict(
@@ -73,8 +73,8 @@ def cli(paths, backend: str, workers: int, repeat: int, env: dict) -> subprocess
 
 
 def kill_after_epoch_1(paths, backend: str, workers: int) -> dict:
-    from pipelines.attempts import checkpoint_state
-    from pipelines.results import CellResult
+    from pipelines.measure.attempts import checkpoint_state
+    from pipelines.runfolder.results import CellResult
 
     hook = {"PIPELINES_EPOCH_END_HOOK": "tests.fault_injection:hold", "FAULT_HOLD_AFTER_EPOCH": "1",
             "PYTHONPATH": str(PROJECT_ROOT)}
@@ -109,8 +109,8 @@ def main() -> None:
     p.add_argument("--out", default=None)
     args = p.parse_args()
 
-    from pipelines.evaluation import bootstrap_interval
-    from pipelines.results import CellResult
+    from pipelines.run.evaluation import bootstrap_interval
+    from pipelines.runfolder.results import CellResult
 
     out = Path(args.out or tempfile.mkdtemp(prefix="recovery-"))
     config, paths = make_run(args, out)

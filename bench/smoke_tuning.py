@@ -20,7 +20,7 @@ import os
 import time
 from pathlib import Path
 
-from pipelines.paths import PROJECT_ROOT
+from pipelines.runfolder.paths import PROJECT_ROOT
 
 SHARED = Path(os.environ.get("SHARED_DATA", PROJECT_ROOT.parent / "shared" / "data"))
 

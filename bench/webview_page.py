@@ -8,7 +8,7 @@
 Writes ``--runs`` synthetic-but-well-formed nightly run folders (tests/synthetic_history.py:
 config.json, one result.json per cell for 3 backends x 2 worker counts x 3 repeats, summary.json
 from the real evaluation, regression.json from the real comparison, mlflow.json, airflow.json),
-serves the page's FastAPI app (pipelines.webview) with uvicorn on 127.0.0.1 and times GET
+serves the page's FastAPI app (pipelines.web.view) with uvicorn on 127.0.0.1 and times GET
 requests over HTTP: the first one (cold: the run index reads every folder) and the median of
 ``--repeat`` more (warm: nothing changed, nothing re-read), for the trends view (30 days and
 all runs), the run view and the comparison: the page time, budgeted at 1 s. With Debian's
@@ -44,7 +44,7 @@ def _free_port() -> int:
 def _serve(root: Path):
     import uvicorn
 
-    from pipelines.webview import create_app
+    from pipelines.web.view import create_app
 
     port = _free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(auth=lambda: None, root=root), host="127.0.0.1",

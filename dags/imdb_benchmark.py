@@ -16,17 +16,17 @@ prepare_run -> start_spark_cluster, start_cluster (setup) -> ingest -> validate_
 ```
 
 With `spark_master=embedded` (the nightly and paper profiles) the run starts its own Spark
-standalone cluster (`pipelines.spark_cluster`: master + one 1-core worker per CPU core on
+standalone cluster (`pipelines.engines.spark_cluster`: master + one 1-core worker per CPU core on
 127.0.0.1) for preprocessing and the spark cells, and the teardown task stops it, also when a
 task failed; with any other master both tasks do nothing. With `cluster.kind=emulated` (the
 `cluster` profile) `start_cluster` builds the run's emulated hosts (`pipelines.cluster.lifecycle`:
 network namespaces with shaped links, one core each, on this machine: the train tasks must run
 on it, as with LocalExecutor) and `stop_cluster` removes them.
 
-The steps after training are `pipelines.runner.FINISH_STEPS`, the same order and failure
+The steps after training are `pipelines.run.runner.FINISH_STEPS`, the same order and failure
 policy as `python -m pipelines run` (a step runs only when the one before succeeded; failed
 cells fail the run at `check_regression`, after their report). Every task calls one function
-of `pipelines.stages` (or `pipelines.runner.run_step`) with the run folder
+of `pipelines.run.stages` (or `pipelines.run.runner.run_step`) with the run folder
 `<output_root>/<run_id>/`; XCom carries only that path and the small dicts the stages
 return. Each step reads the resolved config from `<run folder>/config.json`, so a task can be
 cleared and re-run on its own.
@@ -40,7 +40,7 @@ from the environment: `BENCHMARK_OUTPUT_ROOT`, `BENCHMARK_DATASET_SOURCE`,
 the engines' addresses (`BENCHMARK_SPARK_MASTER`, `BENCHMARK_DETERMINED_MASTER`,
 `BENCHMARK_RAY_ADDRESS`), which a trigger cannot set.
 
-**Training slots.** The timed part of every cell holds a host-wide lock (pipelines.attempts), so
+**Training slots.** The timed part of every cell holds a host-wide lock (pipelines.measure.attempts), so
 two cells are never timed on one host at once, whoever started them. Each `train.wN` task takes
 N slots of the pool `training_workers`
 (`scripts/airflow_setup.sh` sizes it to the GPU count, or the CPU count without GPUs), so the
@@ -49,7 +49,7 @@ each mapped instance its own `pool_slots` (apache/airflow#35803), hence one mapp
 worker count, fed by a small `plan_wN` task; those without cells are skipped. Worker counts
 above 4 or above the pool's size are refused by `prepare_run` (a task asking more slots than
 its pool holds would never be scheduled). A failed cell is retried `matrix.cell_retries` times (default 2) by
-`pipelines.stages.train_cell`, resuming from its last checkpoint: the CLI's policy too.
+`pipelines.run.stages.train_cell`, resuming from its last checkpoint: the CLI's policy too.
 
 **Schedule**: every night at 02:00 UTC with the nightly profile; unpausing does not start a
 run for the past night. One run at a time.
@@ -94,7 +94,7 @@ from airflow.sdk import (
 # Everything heavy is imported inside tasks.
 from pipelines import platforms
 from pipelines.config import PROFILES, deployment_keys, form_schema, site_defaults
-from pipelines.runner import FINISH_STEPS
+from pipelines.run.runner import FINISH_STEPS
 
 log = logging.getLogger("imdb_benchmark")  # the module name Airflow gives the file is unreadable
 
@@ -213,8 +213,8 @@ ALERT_CONN_ID = "benchmark_alerts"  # SMTP connection; extra {"from_email": ...,
 
 
 def benchmark_alert(ti, exception=None):
-    """Jinja macro of the alert mails: subject/text/html of this run's alert (pipelines.alerts)."""
-    from pipelines.alerts import build_alert
+    """Jinja macro of the alert mails: subject/text/html of this run's alert (pipelines.tracking.alerts)."""
+    from pipelines.tracking.alerts import build_alert
 
     run_dir = ti.xcom_pull(task_ids="prepare_run")
     return build_alert(run_dir, dag_run_id=ti.run_id, task_id=ti.task_id, exception=exception)
@@ -253,9 +253,9 @@ def imdb_benchmark():
     @task
     def prepare_run() -> str:
         """Resolve the config (profile + params) and create the run folder; returns its path."""
-        from pipelines import stages
+        from pipelines.run import stages
         from pipelines.config import load_config
-        from pipelines.trends import record_dag_run
+        from pipelines.web.trends import record_dag_run
 
         ctx = get_current_context()
         params = dict(ctx["params"])
@@ -272,9 +272,9 @@ def imdb_benchmark():
     @setup
     def start_spark_cluster(run_dir: str) -> str | None:
         """spark_master=embedded: start the run's standalone cluster; returns its URL."""
-        from pipelines import spark_cluster
+        from pipelines.engines import spark_cluster
         from pipelines.config import read_config
-        from pipelines.paths import RunPaths
+        from pipelines.runfolder.paths import RunPaths
 
         paths = RunPaths(Path(run_dir))
         if read_config(paths.config).engine("spark").master != spark_cluster.EMBEDDED:
@@ -285,8 +285,8 @@ def imdb_benchmark():
     @teardown
     def stop_spark_cluster(run_dir: str) -> list[int]:
         """Stop the run's embedded cluster (if any), whatever the tasks before it did."""
-        from pipelines import spark_cluster
-        from pipelines.paths import RunPaths
+        from pipelines.engines import spark_cluster
+        from pipelines.runfolder.paths import RunPaths
 
         return spark_cluster.stop(RunPaths(Path(run_dir)))
 
@@ -295,7 +295,7 @@ def imdb_benchmark():
         """cluster.kind=emulated: start the run's hosts (pipelines.cluster.lifecycle); its state."""
         from pipelines.cluster import lifecycle
         from pipelines.config import read_config
-        from pipelines.paths import RunPaths
+        from pipelines.runfolder.paths import RunPaths
 
         paths = RunPaths(Path(run_dir))
         return lifecycle.start(paths, read_config(paths.config))
@@ -304,31 +304,31 @@ def imdb_benchmark():
     def stop_cluster(run_dir: str) -> list[str]:
         """Stop the run's emulated hosts (if any), whatever the tasks before it did."""
         from pipelines.cluster import lifecycle
-        from pipelines.paths import RunPaths
+        from pipelines.runfolder.paths import RunPaths
 
         return lifecycle.stop(RunPaths(Path(run_dir)))
 
     @task
     def ingest(run_dir: str) -> dict:
-        from pipelines import stages
+        from pipelines.run import stages
 
         return _logged("ingest", stages.ingest(run_dir))
 
     @task
     def validate_snapshot(run_dir: str) -> dict:
-        from pipelines import stages
+        from pipelines.run import stages
 
         return _logged("validate_snapshot", stages.validate_snapshot(run_dir))
 
     @task
     def preprocess(run_dir: str) -> dict:
-        from pipelines import stages
+        from pipelines.run import stages
 
         return _logged("preprocess", stages.preprocess(run_dir))
 
     @task
     def validate_tokens(run_dir: str) -> dict:
-        from pipelines import stages
+        from pipelines.run import stages
 
         return _logged("validate_tokens", stages.validate_tokens(run_dir))
 
@@ -336,7 +336,7 @@ def imdb_benchmark():
     def plan(run_dir: str, workers: int) -> list[dict]:
         """This run's cells with ``workers`` workers: the kwargs of the train.w<workers> instances."""
         from pipelines.config import read_config
-        from pipelines.paths import RunPaths
+        from pipelines.runfolder.paths import RunPaths
 
         cells = plan_by_workers(read_config(RunPaths(Path(run_dir)).config).cells(), None)[f"w{workers}"]
         log.info("cells with %d worker(s): %s", workers, cells or "none (the train task is skipped)")
@@ -350,19 +350,19 @@ def imdb_benchmark():
                              " r{{ task.op_kwargs['repeat'] }}")
     def train(run_dir: str, backend: str, strategy: str, network: str, workers: int, repeat: int) -> dict:
         """One (backend, strategy, network, workers, repeat) cell; a retry resumes from its last checkpoint."""
-        from pipelines import stages
+        from pipelines.run import stages
 
         result = stages.train_cell(run_dir, backend, workers, repeat, strategy=strategy, network=network)
         return _logged(f"train {backend} {strategy} {network} x{workers} r{repeat}", result)
 
     @task
     def finish_step(run_dir: str, step: str) -> dict:
-        """One step of pipelines.runner.FINISH_STEPS (evaluate, report, track, check_regression)."""
-        from pipelines import runner
+        """One step of pipelines.run.runner.FINISH_STEPS (evaluate, report, track, check_regression)."""
+        from pipelines.run import runner
 
         result = _logged(step, runner.run_step(step, run_dir))
         if step == "track":  # MLflow has the run: publish its summary as an event of the asset
-            from pipelines.trends import asset_extra
+            from pipelines.web.trends import asset_extra
 
             ctx = get_current_context()
             ctx["outlet_events"][BENCHMARK_SUMMARY].extra = asset_extra(run_dir, ctx["run_id"])

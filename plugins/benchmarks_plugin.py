@@ -1,6 +1,6 @@
 """Airflow UI plugin "Benchmarks": trends of the nightly runs, one run's report, two runs compared.
 
-Mounts the FastAPI app of ``pipelines.webview`` on Airflow's API server at ``/benchmarks`` and
+Mounts the FastAPI app of ``pipelines.web.view`` on Airflow's API server at ``/benchmarks`` and
 adds a "Benchmarks" entry to the UI's navigation that shows the page inside the Airflow UI
 (``/plugin/benchmarks``). Every route requires Airflow's login: the JWT of the auth manager,
 from the ``_token`` cookie the UI sets at login or an ``Authorization: Bearer`` header
@@ -10,7 +10,7 @@ asks the configured auth manager (``is_authorized_dag`` with the DAG's details, 
 included), a user without it gets 403. Airflow does not protect plugin apps itself.
 
 Reads env BENCHMARK_OUTPUT_ROOT (default ``<project>/runs``) and MLFLOW_UI_URL; see
-pipelines/webview.py. Airflow loads this file from its plugins folder
+pipelines/web/view.py. Airflow loads this file from its plugins folder
 (``AIRFLOW__CORE__PLUGINS_FOLDER``, set by scripts/airflow_env.sh); check it with
 ``airflow plugins``.
 """
@@ -20,7 +20,7 @@ from __future__ import annotations
 from airflow.api_fastapi.core_api.security import requires_access_dag
 from airflow.plugins_manager import AirflowPlugin
 
-from pipelines.webview import create_app  # the page logic; `pipelines` is installed with Airflow
+from pipelines.web.view import create_app  # the page logic; `pipelines` is installed with Airflow
 
 URL_PREFIX = "/benchmarks"
 DAG_ID = "imdb_benchmark"  # dags/imdb_benchmark.py: the DAG whose runs the page shows

@@ -48,8 +48,8 @@ def fail_first_tries(epoch: int, rank: int, cell_dir, **_) -> None:
     """Rank 0 raises at the end of epoch k on try k (attempts.json counts them) for the first N
     tries: each retry resumes from the checkpoint the try before wrote and fails one epoch later,
     so a retry policy can be watched doing its work (the cell needs at least N epochs)."""
-    from pipelines import attempts
-    from pipelines.paths import CellPaths
+    from pipelines.measure import attempts
+    from pipelines.runfolder.paths import CellPaths
 
     only = os.environ.get(HOLD_CELL_ENV)
     if only and Path(cell_dir).name != only:

@@ -2,7 +2,7 @@
 
 Each night is written as the pipeline writes it: config.json (BenchmarkConfig), one
 result.json per cell (CellResult, shaped by tests/synthetic_results.make_result), then the
-real ``evaluate_run`` writes report/summary.json and the real ``pipelines.regression.compare``
+real ``evaluate_run`` writes report/summary.json and the real ``pipelines.tracking.regression.compare``
 judges it against the previous good night (the baseline ``find_baseline`` would pick in
 MLflow); report/regression.json, mlflow.json and airflow.json get the layout their writers use.
 Used by tests/test_trends.py, the browser test and bench/webview_page.py.
@@ -19,10 +19,10 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from pipelines.config import load_config, save_config
-from pipelines.evaluation import evaluate_run, summary_metrics
-from pipelines.paths import RunPaths, safe_run_id
-from pipelines.regression import compare
-from pipelines.trends import record_dag_run
+from pipelines.run.evaluation import evaluate_run, summary_metrics
+from pipelines.runfolder.paths import RunPaths, safe_run_id
+from pipelines.tracking.regression import compare
+from pipelines.web.trends import record_dag_run
 from tests.synthetic_results import make_result
 
 DAG_ID = "imdb_benchmark"
@@ -34,7 +34,7 @@ def _parent_id(run_name: str) -> str:
 
 
 def _regression_file(config, paths: RunPaths, summary, baseline: tuple[str, dict] | None) -> dict:
-    """What pipelines.regression.check_regression writes, with the baseline from the folders."""
+    """What pipelines.tracking.regression.check_regression writes, with the baseline from the folders."""
     out = {"profile": config.profile, "tracking_uri": config.resolved_tracking_uri(),
            "thresholds": {"time": config.regression_time_threshold,
                           "accuracy_drop": config.regression_accuracy_drop}}

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pipelines.config import Backend, BenchmarkConfig, save_config
-from pipelines.paths import RunPaths
-from pipelines.results import Attempt, CellResult, EpochMetrics, HostUsage, ResourceUsage
-from pipelines.results import TestMetrics as HeldOutMetrics
+from pipelines.runfolder.paths import RunPaths
+from pipelines.runfolder.results import Attempt, CellResult, EpochMetrics, HostUsage, ResourceUsage
+from pipelines.runfolder.results import TestMetrics as HeldOutMetrics
 
 STARTUP = {"ddp": 6.5, "spark": 14.0, "determined": 7.5, "spark_dataframe": 20.0}  # launcher + imports, s
 TRAIN_1W = {"ddp": 14.0, "spark": 14.5, "determined": 15.0, "spark_dataframe": 14.5}  # training loop, 1 worker
@@ -95,7 +95,7 @@ def make_result(backend: str, workers: int, repeat: int = 0, *, slow: float = 1.
         "placements": [f"h{i} 10.213.0.{i + 1}" for i in range(workers)]})
 
 
-# what each platform runs beside its ranks, peak RSS MB (the shape of pipelines.resources' kinds)
+# what each platform runs beside its ranks, peak RSS MB (the shape of pipelines.measure.resources' kinds)
 PLATFORM_KINDS = {"ddp": {"driver": 310.0, "torchrun": 95.0},
                   "determined": {"driver": 330.0, "torchrun": 95.0},
                   "spark": {"java": 520.0, "driver": 340.0, "pyspark_worker": 60.0},
@@ -105,7 +105,7 @@ RANK_RSS_MB, RANK_CPU_PERCENT = 420.0, 95.0  # one rank while training
 
 
 def synthetic_usage(result: CellResult, samples: int = 24) -> tuple[ResourceUsage, list[dict]]:
-    """A plausible ``ResourceUsage`` of ``result`` and its timeline (``pipelines.resources``' shape):
+    """A plausible ``ResourceUsage`` of ``result`` and its timeline (``pipelines.measure.resources``' shape):
     the platform alone until the first training step, the ranks at ~one core each while training,
     the platform's processes by kind beside them; across hosts, one HostUsage per placement."""
     kinds, n = PLATFORM_KINDS.get(str(result.backend), {"driver": 300.0}), result.world_size
@@ -143,7 +143,7 @@ def synthetic_usage(result: CellResult, samples: int = 24) -> tuple[ResourceUsag
 def with_resources(result: CellResult, cell_dir: Path | None = None, **kwargs) -> CellResult:
     """``result`` with a synthetic usage (its attempt starting where the timeline does); its
     timeline written to ``<cell_dir>/resources.json`` when a folder is given."""
-    from pipelines.resources import RESOURCES_FILE
+    from pipelines.measure.resources import RESOURCES_FILE
 
     usage, timeline = synthetic_usage(result, **kwargs)
     if cell_dir is not None:

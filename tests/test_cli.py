@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from pipelines.paths import RunPaths
+from pipelines.runfolder.paths import RunPaths
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -126,7 +126,7 @@ def test_a_config_written_before_sections_still_loads_and_keeps_its_fingerprint(
 
 def test_an_older_run_folder_reports(tmp_path):
     """A run folder whose config.json predates sections: evaluated and reported as before."""
-    from pipelines import stages
+    from pipelines.run import stages
     from tests.synthetic_results import write_synthetic_run
 
     flat = json.loads(FLAT_CONFIG.read_text())

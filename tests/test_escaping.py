@@ -15,9 +15,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from pipelines.evaluation import evaluate_run
+from pipelines.run.evaluation import evaluate_run
 from pipelines.report import build_report, render_html
-from pipelines.results import CellResult
+from pipelines.runfolder.results import CellResult
 from tests.synthetic_results import write_synthetic_run
 
 SCRIPT = "<script>alert(1)</script>"
@@ -120,7 +120,7 @@ def test_raw_html_in_markdown_is_not_rendered(tmp_path):
 def test_page_views_are_inert(hostile_run):
     from fastapi.testclient import TestClient
 
-    from pipelines.webview import create_app
+    from pipelines.web.view import create_app
 
     root, _ = hostile_run
     client = TestClient(create_app(auth=lambda: None, root=root))
@@ -140,7 +140,7 @@ def test_page_chart_data_is_inert_json(hostile_run):
     data; in the page, nothing in it can close the script element."""
     from fastapi.testclient import TestClient
 
-    from pipelines.webview import create_app
+    from pipelines.web.view import create_app
 
     root, _ = hostile_run
     client = TestClient(create_app(auth=lambda: None, root=root))

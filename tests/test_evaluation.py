@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 import statistics
 
-from pipelines.evaluation import evaluate_run, time_to_target
-from pipelines.summary import read_summary
+from pipelines.run.evaluation import evaluate_run, time_to_target
+from pipelines.runfolder.summary import read_summary
 from tests.synthetic_results import make_result, write_synthetic_run
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines.fileio import atomic_write, atomic_write_json, atomic_write_text
-from pipelines.paths import RunPaths, cell_name
-from pipelines.summary import SummaryMissing, read_summary
+from pipelines.runfolder.fileio import atomic_write, atomic_write_json, atomic_write_text
+from pipelines.runfolder.paths import RunPaths, cell_name
+from pipelines.runfolder.summary import SummaryMissing, read_summary
 
 
 def test_atomic_write_replaces_whole_and_leaves_no_temp_file(tmp_path):

@@ -164,7 +164,7 @@ def test_compile_option_wraps_the_model():
 
 
 def test_numpy_metrics_match_sklearn():
-    from pipelines.metrics import classification_metrics
+    from pipelines.training.metrics import classification_metrics
 
     sk = pytest.importorskip("sklearn.metrics")
     rng = np.random.default_rng(0)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from pipelines.paths import PROJECT_ROOT
+from pipelines.runfolder.paths import PROJECT_ROOT
 
 PACKAGE = PROJECT_ROOT / "pipelines"
 
@@ -64,18 +64,18 @@ def test_no_import_cycle():
 
 
 def test_training_never_imports_backends():
-    upward = {m: sorted(d for d in deps if d.startswith("pipelines.backends"))
+    upward = {m: sorted(d for d in deps if d.startswith("pipelines.run.cells"))
               for m, deps in import_graph().items() if m.startswith("pipelines.training")}
     assert {m: d for m, d in upward.items() if d} == {}
 
 
 def test_contract_and_metrics_sit_below_backends_and_training():
     graph = import_graph()
-    for low in ("pipelines.cell", "pipelines.metrics", "pipelines.results", "pipelines.paths",
-                "pipelines.fileio", "pipelines.summary", "pipelines.training.record"):
-        assert not {d for d in graph[low] if d.startswith(("pipelines.backends", "pipelines.training.loop",
+    for low in ("pipelines.training.cell", "pipelines.training.metrics", "pipelines.runfolder.results", "pipelines.runfolder.paths",
+                "pipelines.runfolder.fileio", "pipelines.runfolder.summary", "pipelines.training.record"):
+        assert not {d for d in graph[low] if d.startswith(("pipelines.run.cells", "pipelines.training.loop",
                                                            "pipelines.training.worker"))}, low
-    assert not {d for d in graph["pipelines.training.loop"] if d == "pipelines.evaluation"}
+    assert not {d for d in graph["pipelines.training.loop"] if d == "pipelines.run.evaluation"}
 
 
 def test_no_sys_path_edits_and_one_project_root():
@@ -87,7 +87,7 @@ def test_no_sys_path_edits_and_one_project_root():
                    if any(isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "PROJECT_ROOT"
                                                             for t in n.targets)
                           for n in ast.walk(ast.parse(p.read_text())))]
-    assert definitions == ["pipelines/paths.py"]
+    assert definitions == ["pipelines/runfolder/paths.py"]
 
 
 def test_run_folder_file_names_are_spelled_only_in_paths():

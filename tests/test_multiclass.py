@@ -15,8 +15,8 @@ from pipelines.config import Backend, load_config
 from pipelines.data.ingest import ingest
 from pipelines.data.manifest import task_labels
 from pipelines.data.validate import DataValidationError, validate_snapshot
-from pipelines.metrics import classification_metrics
-from pipelines.paths import RunPaths
+from pipelines.training.metrics import classification_metrics
+from pipelines.runfolder.paths import RunPaths
 from tests.token_shards import write_token_shards
 
 
@@ -68,7 +68,7 @@ def test_three_class_source_passes_ingest_and_gx_with_the_manifest_label_set(tmp
 def test_ddp_trains_a_three_class_model(tmp_path, imdb_dir, bert_tiny_dir):
     from transformers import AutoConfig
 
-    from pipelines.backends import run_cell
+    from pipelines.run.cells import run_cell
 
     paths = write_token_shards(RunPaths(tmp_path / "run"), imdb_dir, bert_tiny_dir, train_per_class=96,
                                test_per_class=48, seq_len=64, seed=5, relabel=three_classes)

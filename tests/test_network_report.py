@@ -11,12 +11,12 @@ import statistics
 
 import pytest
 
-from pipelines.evaluation import aggregate_key, evaluate_run, summary_metrics
+from pipelines.run.evaluation import aggregate_key, evaluate_run, summary_metrics
 from pipelines.report import TIME_COLUMNS, break_even, break_even_rows, build_report, network_rows
 from pipelines.report.network import bandwidth, network_lines
-from pipelines.run_index import load_record
-from pipelines.summary import read_summary
-from pipelines.trends import trend_series
+from pipelines.web.run_index import load_record
+from pipelines.runfolder.summary import read_summary
+from pipelines.web.trends import trend_series
 from tests.synthetic_results import GRADIENT_BYTES, make_result, write_synthetic_run
 
 NETWORKS = ["unshaped", "1gbit", "100mbit"]
@@ -190,7 +190,7 @@ def test_make_result_network_defaults_to_local():
 def _sweep_module():
     import importlib.util
 
-    from pipelines.paths import PROJECT_ROOT
+    from pipelines.runfolder.paths import PROJECT_ROOT
 
     spec = importlib.util.spec_from_file_location("network_sweep", PROJECT_ROOT / "bench" / "network_sweep.py")
     module = importlib.util.module_from_spec(spec)

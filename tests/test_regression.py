@@ -8,9 +8,9 @@ import json
 import pytest
 from mlflow import MlflowClient
 
-from pipelines.evaluation import evaluate_run
-from pipelines.regression import FailedCellsError, RegressionError, check_regression
-from pipelines.tracking import log_benchmark
+from pipelines.run.evaluation import evaluate_run
+from pipelines.tracking.regression import FailedCellsError, RegressionError, check_regression
+from pipelines.tracking.runs import log_benchmark
 from tests.synthetic_results import write_synthetic_run
 
 

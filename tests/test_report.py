@@ -11,9 +11,9 @@ import matplotlib.image
 import pytest
 from PIL import Image
 
-from pipelines.evaluation import evaluate_run, summary_metrics
+from pipelines.run.evaluation import evaluate_run, summary_metrics
 from pipelines.report import QUALITY_COLUMNS, RESOURCE_COLUMNS, TIME_COLUMNS, build_report
-from pipelines.summary import SummaryMissing
+from pipelines.runfolder.summary import SummaryMissing
 from tests.synthetic_results import write_synthetic_run
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -172,7 +172,7 @@ def test_report_shows_where_the_time_goes(make_config):
 
 
 def test_report_shows_each_spark_data_feed_beside_its_mode(make_config):
-    from pipelines.results import CellResult
+    from pipelines.runfolder.results import CellResult
 
     config = make_config(backends=["ddp", "spark", "spark_dataframe"], worker_counts=[2], repeats=1,
                          spark_master="embedded")

@@ -1,4 +1,4 @@
-"""pipelines.resources against processes whose use is known; the cost; the report's section.
+"""pipelines.measure.resources against processes whose use is known; the cost; the report's section.
 
 Each measured figure is checked against a child process (or an emulated host's cgroup) that
 allocates and touches a known amount of memory or burns a known amount of CPU time (CPU time, not
@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import resources
+from pipelines.measure import resources
 from pipelines.cluster import EmulatedCluster, why_unavailable
 from pipelines.config import Backend
-from pipelines.evaluation import evaluate_run, resource_cost
+from pipelines.run.evaluation import evaluate_run, resource_cost
 from pipelines.report.costs import cell_results, costs_markdown, phase_marks, timeline_plots
-from pipelines.results import ResourceUsage
+from pipelines.runfolder.results import ResourceUsage
 from tests.synthetic_results import make_result, write_synthetic_run
 
 MB = 1024 * 1024
@@ -231,8 +231,8 @@ def test_the_summary_and_the_report_show_what_each_platform_costs(make_config, t
 @pytest.mark.slow
 def test_a_real_local_ddp_cell_records_its_resources(make_config, imdb_dir, bert_tiny_dir, tmp_path):
     """A real cell (torchrun, 2 ranks, in its private network namespace) on a small slice."""
-    from pipelines.backends import run_cell
-    from pipelines.paths import RunPaths
+    from pipelines.run.cells import run_cell
+    from pipelines.runfolder.paths import RunPaths
     from tests.token_shards import write_token_shards
 
     config = make_config(max_seq_len=32, epochs=1, batch_size=16, batch_policy="per_worker")
@@ -253,9 +253,9 @@ def test_a_real_local_ddp_cell_records_its_resources(make_config, imdb_dir, bert
 def test_mlflow_and_tensorboard_get_the_figures_and_the_timeline(make_config, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from pipelines.tensorboard import write_events
-    from pipelines.tracking import client_for, ensure_cell_run
-    from pipelines.tracking_cells import log_cell_result
+    from pipelines.measure.tensorboard import write_events
+    from pipelines.tracking.runs import client_for, ensure_cell_run
+    from pipelines.tracking.cells import log_cell_result
 
     config = make_config(backends=["spark"], worker_counts=[2], mlflow_tracking_uri=f"sqlite:///{tmp_path}/m.db")
     paths, results = write_synthetic_run(config, resources=True)

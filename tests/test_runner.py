@@ -1,4 +1,4 @@
-"""The one policy after training (pipelines.runner), as the CLI applies it: same order as the
+"""The one policy after training (pipelines.run.runner), as the CLI applies it: same order as the
 DAG (tests/airflow/test_dag.py::test_task_graph), stop at the first failure, exit 1 with a
 hint saying how to continue, tracebacks with --verbose. Real MLflow stores, synthetic cells."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import runner
+from pipelines.run import runner
 from tests.synthetic_results import write_synthetic_run
 
 DEAD_SERVER = "http://127.0.0.1:9"  # the discard port: nothing listens, connections are refused

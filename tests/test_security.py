@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.backends.determined import experiment_config, validate_experiment_config
-from pipelines.evaluation import evaluate_run
-from pipelines.paths import safe_run_id
+from pipelines.platforms.determined.adapter import experiment_config, validate_experiment_config
+from pipelines.run.evaluation import evaluate_run
+from pipelines.runfolder.paths import safe_run_id
 from pipelines.report import build_report
-from pipelines.results import CellResult
-from pipelines.stages import prepare_run
+from pipelines.runfolder.results import CellResult
+from pipelines.run.stages import prepare_run
 from tests.synthetic_results import write_synthetic_run
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -39,7 +39,7 @@ def test_report_escapes_errors_and_sources(make_config):
 def test_report_is_served_sandboxed(make_config, tmp_path):
     from fastapi.testclient import TestClient
 
-    from pipelines.webview import create_app
+    from pipelines.web.view import create_app
 
     config = make_config(backends=["ddp"], worker_counts=[1], output_root=str(tmp_path / "runs"))
     paths, _ = write_synthetic_run(config, name="hostile")
@@ -126,7 +126,7 @@ def test_trigger_overrides_with_an_unknown_profile_are_refused():
 # --- alert mails ---------------------------------------------------------------------------------
 
 def test_alert_subjects_have_no_control_characters(make_config):
-    from pipelines.alerts import MAX_SUBJECT, build_alert
+    from pipelines.tracking.alerts import MAX_SUBJECT, build_alert
 
     config = make_config(backends=["ddp"], worker_counts=[1, 2])
     paths, _ = write_synthetic_run(config, failed=("ddp-w2-r0",))

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import spark_cluster
+from pipelines.engines import spark_cluster
 from pipelines.config import BenchmarkConfig
-from pipelines.paths import RunPaths
+from pipelines.runfolder.paths import RunPaths
 from tests.test_cli import ROOT, cli, data_options
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""The embedded Spark cluster (``pipelines.spark_cluster``) is the run's own: its master takes
+"""The embedded Spark cluster (``pipelines.engines.spark_cluster``) is the run's own: its master takes
 jobs only from drivers that hold the run's secret, the secret is on no command line, and its
 daemons do not outlive the run that owns them (a SIGKILLed CLI included, or the next start
 sweeps them).
@@ -19,9 +19,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from pipelines import spark_cluster
-from pipelines.paths import RunPaths
-from pipelines.spark_session import get_spark, spark_env, stop_spark
+from pipelines.engines import spark_cluster
+from pipelines.runfolder.paths import RunPaths
+from pipelines.engines.spark_session import get_spark, spark_env, stop_spark
 from tests.test_spark_embedded import _spark_daemons
 
 pytestmark = pytest.mark.slow
@@ -34,8 +34,8 @@ REFUSED_S = 240.0  # an unauthenticated driver gives up after 3 x 20 s registrat
 CHILD = """
 import sys, time
 from pathlib import Path
-from pipelines import spark_cluster
-from pipelines.paths import RunPaths
+from pipelines.engines import spark_cluster
+from pipelines.runfolder.paths import RunPaths
 spark_cluster._DIE_WITH_OWNER = sys.argv[1] == "1"
 for kind, folder in zip(sys.argv[2::2], sys.argv[3::2]):
     url = spark_cluster.start(RunPaths(Path(folder)), workers=1, tied_to_caller=kind == "tied")

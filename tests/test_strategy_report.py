@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 from pipelines.config import Backend
-from pipelines.evaluation import evaluate_run
+from pipelines.run.evaluation import evaluate_run
 from pipelines.report import build_report
-from pipelines.results import ClassMetrics
+from pipelines.runfolder.results import ClassMetrics
 from tests.synthetic_results import write_synthetic_run
 
 

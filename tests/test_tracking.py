@@ -23,10 +23,10 @@ import requests
 from mlflow import MlflowClient
 from mlflow.artifacts import download_artifacts
 
-from pipelines.evaluation import evaluate_run
-from pipelines.paths import RunPaths
-from pipelines.tensorboard import write_events
-from pipelines.tracking import (SYSTEM_METRICS_INTERVAL_S, TrackingUnavailable,
+from pipelines.run.evaluation import evaluate_run
+from pipelines.runfolder.paths import RunPaths
+from pipelines.measure.tensorboard import write_events
+from pipelines.tracking.runs import (SYSTEM_METRICS_INTERVAL_S, TrackingUnavailable,
                                 cell_tracking, client_for, ensure_cell_run, log_benchmark, parent_run_id)
 from tests.synthetic_results import make_result, write_synthetic_run
 
@@ -217,7 +217,7 @@ def test_unreachable_server_lets_training_go_on(make_config, caplog):
     config = make_config(backends=["ddp"], worker_counts=[1], mlflow_tracking_uri=uri)
     paths, _ = write_synthetic_run(config)
     trained = False
-    with caplog.at_level(logging.WARNING, logger="pipelines.tracking"):
+    with caplog.at_level(logging.WARNING, logger="pipelines.tracking.runs"):
         with cell_tracking(config, paths, "ddp", 1, 0) as run_id:
             trained = True
     assert trained and run_id is None

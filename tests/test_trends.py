@@ -19,11 +19,11 @@ import pytest
 from fastapi import Header, HTTPException
 from fastapi.testclient import TestClient
 
-from pipelines.alerts import build_alert
-from pipelines.comparison import compare_runs
-from pipelines.trends import (RunIndex, asset_extra, dag_run_link, load_record, mlflow_links,
+from pipelines.tracking.alerts import build_alert
+from pipelines.web.comparison import compare_runs
+from pipelines.web.trends import (RunIndex, asset_extra, dag_run_link, load_record, mlflow_links,
                               record_dag_run, trend_series)
-from pipelines.webview import create_app, render_compare, render_page, render_trends
+from pipelines.web.view import create_app, render_compare, render_page, render_trends
 from tests.synthetic_history import write_history
 
 NOW = datetime(2026, 11, 30, 9, 0, tzinfo=timezone.utc)
@@ -41,7 +41,7 @@ def history(tmp_path_factory) -> Path:
 
 def _by_night(history: Path, night: int) -> str:
     """The folder of that night's scheduled run (what prepare_run makes of the DAG run id)."""
-    from pipelines.paths import safe_run_id
+    from pipelines.runfolder.paths import safe_run_id
 
     return safe_run_id(f"scheduled__{(NOW - timedelta(days=7 - night)).strftime('%Y-%m-%d')}T02:00:00+00:00")
 
@@ -210,7 +210,7 @@ def test_app_serves_views_static_files_and_api_behind_auth(history):
 
 
 def test_previous_run_is_the_nearest_older_evaluated_run_of_the_same_profile(history):
-    from pipelines.webview import _previous_runs
+    from pipelines.web.view import _previous_runs
 
     runs = RunIndex().runs(history)
     previous = _previous_runs(runs)

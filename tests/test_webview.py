@@ -1,4 +1,4 @@
-"""The Benchmarks page (pipelines.webview) on a fabricated run folder, without Airflow.
+"""The Benchmarks page (pipelines.web.view) on a fabricated run folder, without Airflow.
 
 The run folder is written through the project's own models (BenchmarkConfig, CellResult) with
 made-up timings, then the real evaluation and report modules write summary.json, report.html
@@ -17,10 +17,10 @@ from fastapi import Header, HTTPException
 from fastapi.testclient import TestClient
 
 from pipelines.config import Backend, save_config
-from pipelines.paths import RunPaths
-from pipelines.results import CellResult, EpochMetrics
-from pipelines.results import TestMetrics as Scores
-from pipelines.webview import create_app, list_runs, load_run, mlflow_links, render_page, report_file
+from pipelines.runfolder.paths import RunPaths
+from pipelines.runfolder.results import CellResult, EpochMetrics
+from pipelines.runfolder.results import TestMetrics as Scores
+from pipelines.web.view import create_app, list_runs, load_run, mlflow_links, render_page, report_file
 
 
 def write_run(make_config, root, run_id, profile="smoke", accuracy=0.61, report=True):
@@ -42,12 +42,12 @@ def write_run(make_config, root, run_id, profile="smoke", accuracy=0.61, report=
             total_seconds=11.0 if backend == Backend.DDP else 19.0,
         ).write(paths.cell(backend, workers, repeat).result)
     if report:  # the project's real evaluation + report modules write summary.json and plots
-        from pipelines.evaluation import evaluate_run
+        from pipelines.run.evaluation import evaluate_run
         from pipelines.report import build_report
 
         evaluate_run(config, paths)
         build_report(config, paths)
-        uri = config.resolved_tracking_uri()  # mlflow.json as pipelines.tracking writes it
+        uri = config.resolved_tracking_uri()  # mlflow.json as pipelines.tracking.runs writes it
         (paths.root / "mlflow.json").write_text(json.dumps({uri: {"experiment_id": "7",
                                                                   "parent_run_id": "abc123"}}))
     return paths
@@ -199,7 +199,7 @@ def _relay(cases: list[str], prefixes: list[str]) -> list[str | None]:
     import shutil
     import subprocess
 
-    from pipelines.webview_data import STATIC_DIR
+    from pipelines.web.data import STATIC_DIR
 
     if not shutil.which("node"):
         pytest.skip("node is not installed: the relay's allow-list is JavaScript")
@@ -211,7 +211,7 @@ def _relay(cases: list[str], prefixes: list[str]) -> list[str | None]:
 
 
 def test_relay_forwards_only_http_links_to_the_page_airflow_and_mlflow(monkeypatch):
-    from pipelines.webview import relay_allow_list
+    from pipelines.web.view import relay_allow_list
 
     monkeypatch.delenv("AIRFLOW_UI_URL", raising=False)
     monkeypatch.setenv("MLFLOW_UI_URL", "http://mlflow.example:5000")
@@ -223,7 +223,7 @@ def test_relay_forwards_only_http_links_to_the_page_airflow_and_mlflow(monkeypat
 
 
 def test_relay_with_a_configured_airflow_url_refuses_the_rest_of_the_origin(monkeypatch):
-    from pipelines.webview import relay_allow_list
+    from pipelines.web.view import relay_allow_list
 
     monkeypatch.setenv("AIRFLOW_UI_URL", "http://airflow.example:8080/airflow")
     monkeypatch.delenv("MLFLOW_UI_URL", raising=False)
@@ -251,7 +251,7 @@ def test_pages_expose_the_allow_list_and_run_no_inline_script(runs_root, monkeyp
 def test_page_script_writes_no_html():
     import re
 
-    from pipelines.webview_data import STATIC_DIR
+    from pipelines.web.data import STATIC_DIR
 
     js = re.sub(r"^\s*//.*$", "", (STATIC_DIR / "benchmarks.js").read_text(), flags=re.MULTILINE)  # code only
     for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"):

@@ -13,8 +13,8 @@ from pathlib import Path
 import pandas as pd
 
 from pipelines.data.tokens import tokenize_frame
-from pipelines.fileio import atomic_write_json
-from pipelines.paths import RunPaths
+from pipelines.runfolder.fileio import atomic_write_json
+from pipelines.runfolder.paths import RunPaths
 
 
 def write_token_shards(paths: RunPaths, imdb_dir: Path, tokenizer_dir: Path, *, train_per_class: int,

@@ -41,7 +41,7 @@ from typing import Self
 import psutil
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-CONTROLLERS = ("cpuset", "memory", "cpuacct")  # cpuacct: a host's CPU time (pipelines.resources)
+CONTROLLERS = ("cpuset", "memory", "cpuacct")  # cpuacct: a host's CPU time (pipelines.measure.resources)
 SUBNET = "10.213.0"  # /24; only ever configured inside this code's own namespaces
 OWNER_PATTERN = r"^bmc(\d+)-"  # group 1: the owner's PID
 _NAME = re.compile(r"^[a-z0-9_]{1,16}$")

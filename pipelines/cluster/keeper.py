@@ -24,7 +24,7 @@ import threading
 import psutil
 
 from pipelines.cluster.emulated import EmulatedCluster
-from pipelines.fileio import atomic_write_json
+from pipelines.runfolder.fileio import atomic_write_json
 
 log = logging.getLogger("pipelines.cluster.keeper")
 

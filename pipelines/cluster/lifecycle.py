@@ -37,7 +37,7 @@ import psutil
 
 from pipelines.cluster.emulated import EmulatedCluster, EmulatedHost, NetworkSpec, _cmd, sweep
 from pipelines.config import BenchmarkConfig
-from pipelines.paths import RunPaths
+from pipelines.runfolder.paths import RunPaths
 
 log = logging.getLogger(__name__)
 STARTUP_S = 60.0

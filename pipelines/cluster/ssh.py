@@ -1,4 +1,4 @@
-"""Real machines reached over SSH, as launch hosts (the ``Host`` protocol of ``pipelines.backends.base``).
+"""Real machines reached over SSH, as launch hosts (the ``Host`` protocol of ``pipelines.platforms.contract``).
 
 This is how DeepSpeed's and MPI's launchers start a multi-node job: the launching machine runs
 one ``ssh`` per node, each starting that node's share of the job (here: its torchrun), in the

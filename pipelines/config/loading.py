@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from pipelines.config.model import BenchmarkConfig, ConfigError, _merge, deployment_fields, format_error, nest
 from pipelines.config.profiles import PROFILES
-from pipelines.fileio import atomic_write_text
+from pipelines.runfolder.fileio import atomic_write_text
 
 
 def is_local_spark_master(master: str) -> bool:

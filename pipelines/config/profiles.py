@@ -22,7 +22,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         train_samples=1200, test_samples=400, max_seq_len=48, truncation_side="left", epochs=3,
         batch_size=24, batch_policy="global", learning_rate=2e-3, worker_counts=[2], repeats=1,
         target_accuracy=0.65, min_class_fraction=0.35,
-        # local[*] has no executors for the dataframe feed's barrier tasks (pipelines.preflight)
+        # local[*] has no executors for the dataframe feed's barrier tasks (pipelines.run.preflight)
         backends=["ddp", "spark", "determined", "ray"],
     ),
     # Every night: big enough for stable medians, small enough for a CPU box.

@@ -98,9 +98,9 @@ class MatrixConfig(Section):
     worker_counts: list[int] = Field(default_factory=lambda: [1, 2], min_length=1)
     repeats: int = Field(1, ge=1, le=100)  # repeat r trains with seed + r (init and data order)
     # a failed cell is trained again this many times, resuming from its last checkpoint: the
-    # same policy for the CLI and the DAG (pipelines.stages.train_cell)
+    # same policy for the CLI and the DAG (pipelines.run.stages.train_cell)
     cell_retries: int = Field(2, ge=0, le=10)
-    # losing a host (pipelines.faults): "host_loss" kills every process of a cell's last host in the
+    # losing a host (pipelines.measure.faults): "host_loss" kills every process of a cell's last host in the
     # middle of epoch fault_epoch of its first attempt; the platform gets recovery_deadline_s to
     # recover by its own means (platform_retries: torchrun --max-restarts, Ray FailureConfig
     # max_failures, Spark spark.task.maxFailures - 1), then the project's retry may
@@ -230,7 +230,7 @@ class TrackingConfig(Section):
     mlflow_experiment: str = "distributed-training-benchmark"
     target_accuracy: float = Field(0.7, gt=0, le=1)  # for time-to-accuracy
     price_per_worker_hour: float = Field(0.0, ge=0)
-    # The price sheet a cell's cost is priced from (pipelines.evaluation.resource_cost), USD:
+    # The price sheet a cell's cost is priced from (pipelines.run.evaluation.resource_cost), USD:
     # provisioned CPUs x wall hours x price_per_cpu_hour + peak memory GB x wall hours x
     # price_per_gb_hour + GPUs x wall hours x price_per_gpu_hour. Defaults: Google Cloud Compute
     # Engine on-demand list prices, us-central1 (cloud.google.com/compute/vm-instance-pricing and

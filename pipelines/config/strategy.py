@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from pipelines.paths import DEFAULT_STRATEGY
+from pipelines.runfolder.paths import DEFAULT_STRATEGY
 
 # A strategy name as a trigger form accepts it (the JSON schema of ``matrix.strategies`` items).
 _PART = r"(default|fp16|bf16|powersgd(-r[0-9]+)?|localsgd-[0-9]+|fsdp|ddp|weighted_sampler|weighted_loss)"

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipelines.fileio import atomic_write_text
-from pipelines.paths import RunPaths
+from pipelines.runfolder.fileio import atomic_write_text
+from pipelines.runfolder.paths import RunPaths
 
 log = logging.getLogger("pipelines.data.validate")  # the stage's logger, as before the split
 

@@ -41,8 +41,8 @@ import pyarrow.parquet as pq
 
 from pipelines.config import BenchmarkConfig
 from pipelines.data.manifest import SNAPSHOT_SPLITS, observed_labels
-from pipelines.fileio import atomic_write, atomic_write_json
-from pipelines.paths import PROJECT_ROOT, RunPaths
+from pipelines.runfolder.fileio import atomic_write, atomic_write_json
+from pipelines.runfolder.paths import PROJECT_ROOT, RunPaths
 
 log = logging.getLogger(__name__)
 

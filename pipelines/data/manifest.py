@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pipelines.paths import RunPaths
+from pipelines.runfolder.paths import RunPaths
 
 
 # The snapshot's splits: validation is carved from train (per-epoch evaluation, time-to-target);

@@ -36,9 +36,9 @@ from pathlib import Path
 from pipelines.config import BenchmarkConfig
 from pipelines.data.manifest import SNAPSHOT_SPLITS
 from pipelines.data.validate import require_valid_snapshot
-from pipelines.paths import RunPaths
-from pipelines.spark_cluster import master_url
-from pipelines.spark_session import get_spark
+from pipelines.runfolder.paths import RunPaths
+from pipelines.engines.spark_cluster import master_url
+from pipelines.engines.spark_session import get_spark
 
 log = logging.getLogger(__name__)
 

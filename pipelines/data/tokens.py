@@ -15,8 +15,8 @@ import numpy as np
 import pandas as pd
 
 TOKEN_COLUMNS = ("input_ids", "attention_mask", "label")
-# A row of the dataframe feed (pipelines.backends.spark_dataframe builds them, the ranks read them
-# in pipelines.training.spark_feed, in this order): its train-split row id, the rank that trains it
+# A row of the dataframe feed (pipelines.platforms.spark.dataframe builds them, the ranks read them
+# in pipelines.platforms.spark.feed, in this order): its train-split row id, the rank that trains it
 # and its place in that rank's partition, then the token columns
 FEED_COLUMNS = ("row_id", "rank", "position", *TOKEN_COLUMNS)
 

@@ -46,7 +46,7 @@ from pipelines.data.gx_runner import DataValidationError, _context, _finish, _ru
 from pipelines.data.gx_runner import failures_of  # noqa: F401  (imported from here)
 from pipelines.data.manifest import SNAPSHOT_SPLITS, read_manifest
 from pipelines.data.near_duplicates import text_duplicates
-from pipelines.paths import RunPaths
+from pipelines.runfolder.paths import RunPaths
 
 log = logging.getLogger(__name__)
 

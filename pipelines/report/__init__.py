@@ -1,5 +1,5 @@
 """The comparison report (report.md, report.html, PNG plots and verdict.json under the run's ``report/``);
-re-run it on a finished run folder: python -c "from pipelines.stages import report; print(report('runs/<run>'))"
+re-run it on a finished run folder: python -c "from pipelines.run.stages import report; print(report('runs/<run>'))"
 verdict: the opening sentences (what the run found); tables: rows and platform texts; plots: the PNGs;
 study: beside the published study; network: the Network section (runs across hosts); render: the pages.
 Section order (render.render_markdown): Verdict, Comparison (time, quality, throughput/cost tables),

@@ -1,9 +1,9 @@
 """The report's "What each platform costs" section and one resource timeline per cell.
 
-What each cell's processes used (``CellResult.resources``, measured by ``pipelines.resources``): CPU
+What each cell's processes used (``CellResult.resources``, measured by ``pipelines.measure.resources``): CPU
 seconds and utilisation, peak memory, the platform's footprint beside the ranks' (what runs that is
 not a rank, by kind: JVMs, raylet and GCS, torchrun, the driver), bytes, GPU, and the cost priced
-from the price sheet (``config.tracking``, ``pipelines.evaluation.resource_cost``). Wiring:
+from the price sheet (``config.tracking``, ``pipelines.run.evaluation.resource_cost``). Wiring:
 
     by_cell = cell_results(config, paths)
     timeline_plots(by_cell, paths.cells, paths.report)      # report/timeline-<cell>.png
@@ -15,11 +15,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from pipelines.paths import cell_name
+from pipelines.runfolder.paths import cell_name
 from pipelines.report.tables import _md_table, _text, split_table
-from pipelines.resources import read_timeline
-from pipelines.results import CellResult, ResourceUsage
-from pipelines.summary import RunSummary
+from pipelines.measure.resources import read_timeline
+from pipelines.runfolder.results import CellResult, ResourceUsage
+from pipelines.runfolder.summary import RunSummary
 
 COST_COLUMNS = ["cell", "mode", "wall s", "CPUs", "CPU s (ranks / platform)", "CPU utilisation",
                 "peak memory MB", "ranks peak RSS MB", "platform peak RSS MB",
@@ -35,7 +35,7 @@ PLATFORM_COLUMNS = ["platform", "workers", "network", "repeats measured", "cost 
 
 def cell_results(config, paths) -> dict[str, CellResult]:
     """Cell name -> its CellResult, for every configured cell that has one."""
-    from pipelines.evaluation import read_cells
+    from pipelines.run.evaluation import read_cells
 
     return {cell_name(b, w, r, s, n): result for (b, s, n, w, r), result in read_cells(config, paths).items()
             if isinstance(result, CellResult)}

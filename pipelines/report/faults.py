@@ -1,12 +1,12 @@
 """The report's "Losing a host" section: each platform's recovery from ``matrix.fault=host_loss``
-side by side (``CellResult.fault``, written by ``pipelines.faults.record``)."""
+side by side (``CellResult.fault``, written by ``pipelines.measure.faults.record``)."""
 
 from __future__ import annotations
 
 import re
 
 from pipelines.report.tables import _md_table, _text
-from pipelines.results import CellResult
+from pipelines.runfolder.results import CellResult
 
 HEADER = ["cell", "platform", "lost", "at", "the platform", "recovered by", "recovery s", "work lost s",
           "epochs redone", "resumed from epoch", "cell"]

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipelines.config import BenchmarkConfig
-from pipelines.paths import DEFAULT_STRATEGY
+from pipelines.runfolder.paths import DEFAULT_STRATEGY
 from pipelines.report.tables import _fmt, _md_table, _text, networked
-from pipelines.summary import Aggregate, RunSummary
+from pipelines.runfolder.summary import Aggregate, RunSummary
 
 UNSHAPED_BITS_PER_SECOND = 9e9  # an unshaped veth link between two emulated hosts (measured ~9.4 Gbit/s)
 

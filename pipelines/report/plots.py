@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.config import Backend
-from pipelines.paths import DEFAULT_NETWORK, DEFAULT_STRATEGY
+from pipelines.runfolder.paths import DEFAULT_NETWORK, DEFAULT_STRATEGY
 from pipelines.report.network import bandwidth, format_bandwidth
 from pipelines.report.tables import PHASE_ORDER, backend_colour
-from pipelines.results import CellResult
-from pipelines.summary import Aggregate, RunSummary
+from pipelines.runfolder.results import CellResult
+from pipelines.runfolder.summary import Aggregate, RunSummary
 
 
 def _figure():

@@ -12,9 +12,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from pipelines.config import BenchmarkConfig
-from pipelines.evaluation import read_cells
-from pipelines.fileio import atomic_write_text
-from pipelines.paths import RunPaths, cell_name
+from pipelines.run.evaluation import read_cells
+from pipelines.runfolder.fileio import atomic_write_text
+from pipelines.runfolder.paths import RunPaths, cell_name
 from pipelines.report.network import has_networks, network_lines
 from pipelines.report.plots import (plot_accuracy_curves, plot_network, plot_overhead, plot_phases,
                                     plot_scaling_efficiency, plot_time_vs_workers, plot_verdict)
@@ -25,8 +25,8 @@ from pipelines.report.tables import (_code, _md_table, _phase_lines, _strategy_l
                                      comparison_tables, platform_view)
 from pipelines.report.verdict import CHART as VERDICT_CHART
 from pipelines.report.verdict import VERDICT_FILE, Verdict, build_verdict, read_regression, write_verdict
-from pipelines.results import CellResult
-from pipelines.summary import RunSummary, read_summary
+from pipelines.runfolder.results import CellResult
+from pipelines.runfolder.summary import RunSummary, read_summary
 
 log = logging.getLogger(__package__)  # "pipelines.report", as before the split
 

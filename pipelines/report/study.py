@@ -4,9 +4,9 @@ extra time goes, beside the study's figure, with the caveats of the modes this r
 from __future__ import annotations
 
 from pipelines.config import Backend
-from pipelines.paths import DEFAULT_NETWORK
+from pipelines.runfolder.paths import DEFAULT_NETWORK
 from pipelines.report.tables import PHASE_ORDER, _fmt, _md_table, _mode, _text, mode_caveat, study_overhead
-from pipelines.summary import Aggregate, RunSummary
+from pipelines.runfolder.summary import Aggregate, RunSummary
 
 # The published study this benchmark reproduces (README): BERT-tiny on IMDB, 3 GPU nodes.
 STUDY_SETTING = "3 GPU nodes; DDP: 20 epochs in 499 s on 2 GPUs"

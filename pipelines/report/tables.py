@@ -8,8 +8,8 @@ import re
 from typing import Any
 
 from pipelines.config import BenchmarkConfig
-from pipelines.paths import DEFAULT_NETWORK, DEFAULT_STRATEGY
-from pipelines.summary import Aggregate, RunSummary
+from pipelines.runfolder.paths import DEFAULT_NETWORK, DEFAULT_STRATEGY
+from pipelines.runfolder.summary import Aggregate, RunSummary
 from pipelines.training import phases
 
 # --- what the report says per platform (to move into the platform registry: repoint the three

@@ -19,11 +19,11 @@ import string
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipelines.fileio import atomic_write_text
-from pipelines.paths import DEFAULT_STRATEGY, RunPaths
+from pipelines.runfolder.fileio import atomic_write_text
+from pipelines.runfolder.paths import DEFAULT_STRATEGY, RunPaths
 from pipelines.report.network import networks_of
 from pipelines.report.tables import PHASE_ORDER, _text, mode_caveat, networked
-from pipelines.summary import Aggregate, RunSummary
+from pipelines.runfolder.summary import Aggregate, RunSummary
 
 PARITY_POINTS = 2.0  # accuracy parity: median test accuracies within this many percentage points
 TIE = 0.01  # a platform less than 1 % slower than the fastest is "about as fast"

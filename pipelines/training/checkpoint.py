@@ -1,6 +1,6 @@
 """Per-epoch checkpoints of the shared training loop: ``<cell>/checkpoints/epoch-NNNN.pt``.
 
-Written by rank 0 only, atomically (``pipelines.fileio.atomic_write``: temp file, fsync,
+Written by rank 0 only, atomically (``pipelines.runfolder.fileio.atomic_write``: temp file, fsync,
 rename), each with a ``.sha256`` sidecar written after it; the newest ``KEEP`` are kept (~50 MB
 each for BERT-tiny + AdamW). ``latest_good_checkpoint`` verifies the checksum and that the file
 loads before anything resumes from it: a checkpoint that fails either is moved aside as
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipelines.fileio import atomic_write, atomic_write_text
+from pipelines.runfolder.fileio import atomic_write, atomic_write_text
 
 log = logging.getLogger(__name__)
 PATTERN = "epoch-*.pt"

@@ -13,7 +13,7 @@ without copying the loop. Training strategies (``pipelines.training.strategies``
 here too: ``sharding=fsdp`` calls ``shard_model`` instead of ``wrap_model``; comm hooks and
 local SGD are registered on whatever DDP module ``wrap_model`` returns:
 
-    class RayTrainDistributed(TorchDistributed):      # pipelines.training.ray_worker
+    class RayTrainDistributed(TorchDistributed):      # pipelines.platforms.ray.worker
         def ranks(self): ...                          # from ray.train.get_context()
         def on_epoch_end(self, env, epoch, path, m): ...  # ray.train.report(m, checkpoint=...)
 

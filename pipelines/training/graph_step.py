@@ -23,7 +23,7 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 
-from pipelines.cell import CellSpec
+from pipelines.training.cell import CellSpec
 from pipelines.training import checkpoint as ckpt
 from pipelines.training.distributed import DistEnv, TorchDistributed
 from pipelines.training.model import build_model

@@ -36,10 +36,10 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, TensorDataset
 
-from pipelines import attempts
-from pipelines.cell import CellSpec
+from pipelines.measure import attempts
+from pipelines.training.cell import CellSpec
 from pipelines.config import BenchmarkConfig
-from pipelines.resources import write_rank_pid
+from pipelines.measure.resources import write_rank_pid
 from pipelines.training import checkpoint as ckpt
 from pipelines.training import strategies
 from pipelines.training.distributed import DistEnv, TorchDistributed, all_reduce_sum, link_tx_bytes
@@ -89,7 +89,7 @@ def run_training(spec: CellSpec, launch_time: float, distributed: TorchDistribut
     distributed = distributed or TorchDistributed()
     torch.set_num_threads(spec.config.training.threads_per_worker)  # torchrun sets OMP threads only sometimes
     env = distributed.setup()
-    write_rank_pid(spec.cell_dir, env.rank)  # this process is a rank of the cell (pipelines.resources)
+    write_rank_pid(spec.cell_dir, env.rank)  # this process is a rank of the cell (pipelines.measure.resources)
     try:
         _train(spec, env, distributed, launch_time)
     finally:

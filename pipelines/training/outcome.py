@@ -13,9 +13,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from pipelines.cell import CellSpec
-from pipelines.paths import CellPaths
-from pipelines.results import CellResult, TestMetrics
+from pipelines.training.cell import CellSpec
+from pipelines.runfolder.paths import CellPaths
+from pipelines.runfolder.results import CellResult, TestMetrics
 from pipelines.training.distributed import DistEnv, device_name, placement
 from pipelines.training.record import TrainingRecord
 

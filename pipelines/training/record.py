@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from pipelines.results import EpochMetrics
+from pipelines.runfolder.results import EpochMetrics
 
 PHASES = ("train", "eval", "checkpoint")
 TRAIN_PARTS = ("data", "communication")  # measured inside the train phase; compute = the rest

@@ -13,12 +13,12 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Subset, TensorDataset
 
-from pipelines.cell import CellSpec
+from pipelines.training.cell import CellSpec
 from pipelines.config import BenchmarkConfig
 from pipelines.data.tokens import read_token_split
-from pipelines.metrics import classification_metrics
-from pipelines.paths import RunPaths
-from pipelines.results import TestMetrics
+from pipelines.training.metrics import classification_metrics
+from pipelines.runfolder.paths import RunPaths
+from pipelines.runfolder.results import TestMetrics
 from pipelines.training import strategies
 from pipelines.training.distributed import DistEnv, autocast
 

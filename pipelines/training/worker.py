@@ -3,7 +3,7 @@
     python -m torch.distributed.run --standalone --nproc-per-node 2 \\
         -m pipelines.training.worker --cell-dir runs/<id>/cells/ddp-w2-r0 --launch-time <epoch s>
 
-Reads ``<cell-dir>/cell.json`` (``pipelines.cell.CellSpec``, written by the backend adapter)
+Reads ``<cell-dir>/cell.json`` (``pipelines.training.cell.CellSpec``, written by the backend adapter)
 and the RANK/LOCAL_RANK/WORLD_SIZE env that torchrun sets, runs the shared loop, and rank 0
 writes ``<cell-dir>/worker_result.json``. Pass paths, not data: every argument is a string,
 so the same call works through Spark's cloudpickle as well.
@@ -25,7 +25,7 @@ def setup_logging() -> None:
 def train_worker(cell_dir: str, launch_time: float) -> None:
     """Train one cell in this process (one rank). Called by torchrun and TorchDistributor."""
     setup_logging()
-    from pipelines.cell import CellSpec
+    from pipelines.training.cell import CellSpec
     from pipelines.training.loop import run_training
 
     run_training(CellSpec.read(cell_dir), float(launch_time))

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.paths import safe_run_id
+from pipelines.runfolder.paths import safe_run_id
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -77,9 +77,9 @@ def _baseline_in_mlflow(output_root: Path, profile_overrides: dict) -> str:
     """A successful earlier run of the same config (fingerprint) on this host, logged by the real
     tracking code: the regression check compares only like with like."""
     from pipelines.config import load_config
-    from pipelines.evaluation import evaluate_run
-    from pipelines.regression import check_regression
-    from pipelines.tracking import log_benchmark
+    from pipelines.run.evaluation import evaluate_run
+    from pipelines.tracking.regression import check_regression
+    from pipelines.tracking.runs import log_benchmark
     from tests.synthetic_results import write_synthetic_run
 
     config = load_config("smoke", {"output_root": str(output_root), **profile_overrides})

@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from pipelines.paths import RunPaths, safe_run_id
+from pipelines.runfolder.paths import RunPaths, safe_run_id
 from tests import fault_injection
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -66,7 +66,7 @@ def test_dag_file_parses_fast_without_heavy_imports():
         f"bag = DagBag(dag_folder={str(DAG_FILE)!r})\n"
         "elapsed = time.perf_counter() - t\n"
         "heavy = sorted(m for m in ('torch', 'pyspark', 'transformers', 'great_expectations', 'mlflow',\n"
-        "               'determined', 'ray', 'pandas', 'pipelines.stages') if m in sys.modules)\n"
+        "               'determined', 'ray', 'pandas', 'pipelines.run.stages') if m in sys.modules)\n"
         "print(elapsed, bag.import_errors == {}, ','.join(heavy))\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
@@ -113,8 +113,8 @@ def test_task_graph(dag):
     assert up["track"] == {"prepare_run", "report"}
     assert up["check_regression"] == {"prepare_run", "track"}
     assert dag.task_dict["evaluate"].trigger_rule == "all_done"
-    # the steps after training are the CLI's (pipelines.runner), in the same order
-    from pipelines.runner import FINISH_STEPS
+    # the steps after training are the CLI's (pipelines.run.runner), in the same order
+    from pipelines.run.runner import FINISH_STEPS
 
     for before, after in zip(FINISH_STEPS, FINISH_STEPS[1:]):
         assert up[after] == {"prepare_run", before} and dag.task_dict[after].trigger_rule == "all_success"
@@ -127,7 +127,7 @@ def test_train_tasks_are_mapped_and_hold_one_pool_slot_per_worker(dag):
         train = dag.task_dict[f"train.w{n}"]
         assert isinstance(train, MappedOperator)
         assert (train.pool, train.pool_slots) == ("training_workers", n)
-        # the cell's retries are pipelines.stages.train_cell's (matrix.cell_retries), the CLI's too
+        # the cell's retries are pipelines.run.stages.train_cell's (matrix.cell_retries), the CLI's too
         assert train.retries == 0
         assert "backend" in train.map_index_template and "workers" in train.map_index_template
     assert dag.task_dict["ingest"].pool == "default_pool"

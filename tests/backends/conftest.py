@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pipelines.config import Backend, load_config
-from pipelines.paths import RunPaths
+from pipelines.runfolder.paths import RunPaths
 from tests.token_shards import write_token_shards
 
 TRAIN_PER_CLASS, TEST_PER_CLASS, SEQ_LEN = 128, 64, 64
@@ -33,7 +33,7 @@ def bench_config(run_paths, imdb_dir, bert_tiny_dir):
 @pytest.fixture(scope="session")
 def trained(bench_config, run_paths):
     """``trained(backend, workers)`` -> CellResult, trained once per session."""
-    from pipelines.backends import run_cell
+    from pipelines.run.cells import run_cell
 
     cache = {}
 

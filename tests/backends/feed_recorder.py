@@ -13,7 +13,7 @@ from pathlib import Path
 
 from torch.utils.data import DataLoader, Sampler
 
-from pipelines.training.spark_feed import SparkPartitionFeed
+from pipelines.platforms.spark.feed import SparkPartitionFeed
 
 RECORD_DIR = "feed-record"
 

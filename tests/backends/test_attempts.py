@@ -13,8 +13,8 @@ import psutil
 import pytest
 
 from pipelines.config import save_config
-from pipelines.paths import PROJECT_ROOT
-from pipelines.results import CellResult
+from pipelines.runfolder.paths import PROJECT_ROOT
+from pipelines.runfolder.results import CellResult
 from pipelines.training import phases
 from tests import fault_injection
 

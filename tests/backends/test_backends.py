@@ -11,13 +11,13 @@ import time
 import psutil
 import pytest
 
-from pipelines import launch
-from pipelines.backends import run_cell
-from pipelines.backends.ddp import DDPBackend
-from pipelines.paths import CellPaths
-from pipelines.results import CellResult
+from pipelines.platforms import torchrun as launch
+from pipelines.run.cells import run_cell
+from pipelines.platforms.ddp.adapter import DDPBackend
+from pipelines.runfolder.paths import CellPaths
+from pipelines.runfolder.results import CellResult
 from pipelines.config import Backend
-from pipelines.paths import PROJECT_ROOT
+from pipelines.runfolder.paths import PROJECT_ROOT
 from pipelines.training import phases
 from tests import fault_injection
 
@@ -119,7 +119,7 @@ def test_ddp_killed_after_epoch_1_resumes_at_epoch_2_with_same_result(trained, b
 
 
 def test_failed_cell_leaves_a_failed_result(bench_config, run_paths, tmp_path):
-    from pipelines.paths import RunPaths
+    from pipelines.runfolder.paths import RunPaths
 
     empty = RunPaths(tmp_path / "no-tokens")
     empty.snapshot.mkdir(parents=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from pipelines.backends.determined import experiment_config
+from pipelines.platforms.determined.adapter import experiment_config
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "determined_expconf"
 EXPERIMENT = "http://determined.ai/schemas/expconf/v0/experiment.json"

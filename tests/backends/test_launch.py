@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch.distributed.run as torchrun
 
-from pipelines import launch
-from pipelines.backends import ddp, get_backend
-from pipelines.backends.determined import experiment_config, validate_experiment_config
-from pipelines.spark_torch import check_task_slots, distributor_settings
+from pipelines.platforms import torchrun as launch
+from pipelines.run.cells import ddp, get_backend
+from pipelines.platforms.determined.adapter import experiment_config, validate_experiment_config
+from pipelines.platforms.spark.distributor import check_task_slots, distributor_settings
 from pipelines.config import Backend
 
 
@@ -54,7 +54,7 @@ def test_bad_multi_node_settings_are_refused(make_config):
 
 
 def test_secondary_node_refuses_a_bad_split_before_writing(make_config, tmp_path):
-    from pipelines.paths import RunPaths
+    from pipelines.runfolder.paths import RunPaths
 
     cfg = make_config(ddp_nnodes=2, ddp_node_rank=1, ddp_rdzv_endpoint="h:1")
     with pytest.raises(ValueError, match="cannot be split"):
@@ -63,7 +63,7 @@ def test_secondary_node_refuses_a_bad_split_before_writing(make_config, tmp_path
 
 
 def test_secondary_node_waits_for_a_new_result_of_node_0(tmp_path):
-    from pipelines.results import CellResult
+    from pipelines.runfolder.results import CellResult
 
     path = tmp_path / "result.json"
     old = CellResult(backend="ddp", world_size=2, status="failed", error="previous attempt")
@@ -115,7 +115,7 @@ def test_registry_covers_every_backend_and_refuses_unknown():
 
 
 def test_importing_backends_is_cheap():
-    code = ("import sys, pipelines.backends; "
+    code = ("import sys, pipelines.run.cells; "
             "print(sorted(m for m in ('torch', 'pyspark', 'determined', 'ray') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(ddp.__file__).resolve().parents[2])

@@ -6,10 +6,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from pipelines.backends.ddp import DDPBackend
-from pipelines.cell import CellSpec
-from pipelines.paths import CellPaths
-from pipelines.results import CellResult
+from pipelines.platforms.ddp.adapter import DDPBackend
+from pipelines.training.cell import CellSpec
+from pipelines.runfolder.paths import CellPaths
+from pipelines.runfolder.results import CellResult
 from pipelines.training.distributed import TorchDistributed
 from pipelines.training.loop import run_training
 

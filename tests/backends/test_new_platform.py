@@ -10,11 +10,13 @@ import os
 import pytest
 from pydantic import BaseModel, ConfigDict
 
-from pipelines import launch, platforms, preflight
-from pipelines.backends.base import TrainingBackend
-from pipelines.cell import CellSpec
+from pipelines import platforms
+from pipelines.platforms import torchrun as launch
+from pipelines.run import preflight
+from pipelines.platforms.contract import TrainingBackend
+from pipelines.training.cell import CellSpec
 from pipelines.config import ConfigError, save_config
-from pipelines.paths import RunPaths
+from pipelines.runfolder.paths import RunPaths
 from tests.token_shards import write_token_shards
 
 CAVEAT = "Torchrun started by the test platform itself: it measures the shared loop alone."
@@ -72,10 +74,10 @@ def test_preflight_asks_the_platform(bench_config):
 
 
 def test_a_cell_the_report_and_the_page_data(tmp_path, bench_config, imdb_dir, bert_tiny_dir):
-    from pipelines.backends import run_cell
-    from pipelines.evaluation import evaluate_run
+    from pipelines.run.cells import run_cell
+    from pipelines.run.evaluation import evaluate_run
     from pipelines.report import build_report
-    from pipelines.webview_data import load_run, trends_data
+    from pipelines.web.data import load_run, trends_data
 
     paths = write_token_shards(RunPaths(tmp_path / "runs" / "relay-run"), imdb_dir, bert_tiny_dir,
                                train_per_class=48, test_per_class=24, seq_len=32, seed=3)

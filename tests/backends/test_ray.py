@@ -1,4 +1,4 @@
-"""Ray Train (``pipelines.backends.ray``) on a real local Ray cluster started for each cell:
+"""Ray Train (``pipelines.platforms.ray.adapter``) on a real local Ray cluster started for each cell:
 the same loop as DDP at world size 1 and 2, a complete result, checkpoints in Ray's run,
 resume after a kill, and no Ray process left behind (also after a failed cell)."""
 
@@ -13,12 +13,12 @@ import time
 import psutil
 import pytest
 
-from pipelines.backends import run_cell
-from pipelines.backends.ray import RayBackend, is_ray_process, local_cluster_options, worker_env_vars
+from pipelines.run.cells import run_cell
+from pipelines.platforms.ray.adapter import RayBackend, is_ray_process, local_cluster_options, worker_env_vars
 from pipelines.config import Backend, ConfigError, load_config
-from pipelines.paths import PROJECT_ROOT, CellPaths, RunPaths
-from pipelines.results import CellResult
-from pipelines.signals import stop_leftovers
+from pipelines.runfolder.paths import PROJECT_ROOT, CellPaths, RunPaths
+from pipelines.runfolder.results import CellResult
+from pipelines.measure.signals import stop_leftovers
 from tests import fault_injection
 
 # node daemons (raylet, gcs_server), workers and actors (their titles start "ray::"), and the
@@ -148,8 +148,8 @@ def test_ray_cell_killed_after_epoch_1_resumes_from_rays_checkpoint(ray_cells, t
     reference = ray_cells(1)
     cell = CellPaths(run_paths.cells / "ray-w1-killed")
     save_config(bench_config, tmp_path / "config.json")
-    driver = (f"from pathlib import Path\nfrom pipelines.backends.ray import RayBackend\n"
-              f"from pipelines.config import read_config\nfrom pipelines.paths import CellPaths, RunPaths\n"
+    driver = (f"from pathlib import Path\nfrom pipelines.platforms.ray.adapter import RayBackend\n"
+              f"from pipelines.config import read_config\nfrom pipelines.runfolder.paths import CellPaths, RunPaths\n"
               f"RayBackend().run(read_config(Path({str(tmp_path / 'config.json')!r})), 1, "
               f"paths=RunPaths(Path({str(run_paths.root)!r})), cell=CellPaths(Path({str(cell.root)!r})))\n")
     before = ray_processes()

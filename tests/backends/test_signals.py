@@ -14,9 +14,9 @@ import psutil
 import pytest
 from mlflow import MlflowClient
 
-from pipelines import signals
+from pipelines.measure import signals
 from pipelines.config import save_config
-from pipelines.results import CellResult
+from pipelines.runfolder.results import CellResult
 
 pytestmark = pytest.mark.slow
 

@@ -10,12 +10,13 @@ import json
 import pytest
 from torch.utils.data import DistributedSampler
 
-from pipelines import preflight, spark_cluster
-from pipelines.backends.spark import SparkBackend
-from pipelines.backends.spark_dataframe import FEED_RECORD, SparkDataFrameBackend, partition_plan
+from pipelines.engines import spark_cluster
+from pipelines.run import preflight
+from pipelines.platforms.spark.adapter import SparkBackend
+from pipelines.platforms.spark.dataframe import FEED_RECORD, SparkDataFrameBackend, partition_plan
 from pipelines.config import Backend, ConfigError, load_config
-from pipelines.paths import RunPaths
-from pipelines.results import CellResult
+from pipelines.runfolder.paths import RunPaths
+from pipelines.runfolder.results import CellResult
 from pipelines.training import phases
 from tests.backends.feed_recorder import RecordingFeed, recorded
 from tests.token_shards import write_token_shards

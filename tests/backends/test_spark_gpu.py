@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from pipelines.spark_torch import DISCOVERY_SCRIPT, gpu_conf
+from pipelines.platforms.spark.distributor import DISCOVERY_SCRIPT, gpu_conf
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +24,7 @@ def fake_discovery(tmp_path):
 
 @pytest.fixture
 def session():
-    from pipelines.spark_session import get_spark, stop_spark
+    from pipelines.engines.spark_session import get_spark, stop_spark
 
     def start(conf: dict[str, str]):
         return get_spark("local[2]", app_name="gpu-conf", conf=conf, fresh=True)

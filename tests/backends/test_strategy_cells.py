@@ -12,11 +12,11 @@ import pandas as pd
 import pytest
 import torch
 
-from pipelines.backends import run_cell
-from pipelines.backends.base import UnsupportedStrategy
+from pipelines.run.cells import run_cell
+from pipelines.platforms.contract import UnsupportedStrategy
 from pipelines.config import Backend, TrainingStrategy, load_config
-from pipelines.paths import RunPaths
-from pipelines.results import CellResult
+from pipelines.runfolder.paths import RunPaths
+from pipelines.runfolder.results import CellResult
 
 
 # --- through the backends, on the real data -------------------------------------------------------
@@ -66,7 +66,7 @@ def test_determined_refuses_comm_strategies_before_the_cell_starts(strategy_conf
     failed = CellResult.read(cell.result)
     assert failed.status == "failed" and "cannot run there" in failed.error and failed.strategy == "powersgd-r2"
     # ... and the whole run is refused up front by the pre-flight check
-    from pipelines.backends import preflight_problems
+    from pipelines.run.cells import preflight_problems
 
     both = strategy_config.model_copy(update={"backends": [Backend.DDP, Backend.DETERMINED]})
     assert any("determined" in r for r in preflight_problems(both))

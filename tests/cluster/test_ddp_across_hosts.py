@@ -17,9 +17,9 @@ from types import SimpleNamespace
 import pytest
 import torch.distributed.run as torchrun
 
-from pipelines import launch
+from pipelines.platforms import torchrun as launch
 from pipelines.cluster import why_unavailable
-from pipelines.paths import RunPaths
+from pipelines.runfolder.paths import RunPaths
 from tests.token_shards import write_token_shards
 
 MB = 10**6
@@ -61,8 +61,8 @@ def test_host_commands_are_static_nodes_with_the_rendezvous_on_host0(tmp_path, i
 
 
 def test_hosts_with_a_multi_node_config_or_a_bad_split_are_refused(tmp_path, imdb_dir, bert_tiny_dir):
-    from pipelines.backends import run_cell
-    from pipelines.results import CellResult
+    from pipelines.run.cells import run_cell
+    from pipelines.runfolder.results import CellResult
 
     paths = RunPaths(tmp_path / "run")
     with pytest.raises(ValueError, match="cannot be split evenly over 2 host"):
@@ -81,7 +81,7 @@ _NO_NETNS = why_unavailable()
 @pytest.mark.skipif(_NO_NETNS is not None, reason=str(_NO_NETNS))
 def test_a_cell_across_two_emulated_hosts(tmp_path, imdb_dir, bert_tiny_dir, monkeypatch):
     monkeypatch.setenv("LOGLEVEL", "INFO")  # torchrun logs each node's rendezvous (group_rank=...)
-    from pipelines.backends import run_cell
+    from pipelines.run.cells import run_cell
     from pipelines.cluster import EmulatedCluster
     from pipelines.cluster.emulated import _cgroup_pids, _netns_pids
     from pipelines.training import phases

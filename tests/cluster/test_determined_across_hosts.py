@@ -19,7 +19,7 @@ import pytest
 import torch.distributed.run as torchrun
 
 from pipelines.cluster import why_unavailable
-from pipelines.paths import RunPaths
+from pipelines.runfolder.paths import RunPaths
 from tests.token_shards import write_token_shards
 
 MB = 10**6
@@ -48,8 +48,8 @@ class _FakeHost(SimpleNamespace):
 
 def test_the_launch_is_ddps_torchrun_with_determineds_chief_on_host0(tmp_path, imdb_dir, bert_tiny_dir,
                                                                     monkeypatch):
-    from pipelines.backends import determined
-    from pipelines.backends.determined import DeterminedBackend
+    from pipelines.run.cells import determined
+    from pipelines.platforms.determined.adapter import DeterminedBackend
 
     hosts = [_FakeHost(name=f"h{k}", address=f"10.213.0.{k + 1}", launched=[]) for k in range(2)]
     seen = {}
@@ -70,7 +70,7 @@ def test_the_launch_is_ddps_torchrun_with_determineds_chief_on_host0(tmp_path, i
         args = torchrun.get_args_parser().parse_args(cmd[6:])
         assert (args.nnodes, args.node_rank, args.nproc_per_node) == ("2", node, "1")
         assert (args.rdzv_backend, args.rdzv_endpoint) == ("static", "10.213.0.1:29401")
-        assert args.training_script == "pipelines.training.det_trial"
+        assert args.training_script == "pipelines.platforms.determined.trial"
     env = seen["env"]
     assert env["DET_CHIEF_IP"] == "10.213.0.1" and env["USE_TORCH_DISTRIBUTED"] == "1"
     assert (env["INTER_TRAIN_PROCESS_COMM_PORT_1"], env["INTER_TRAIN_PROCESS_COMM_PORT_2"]) == ("29402", "29403")
@@ -83,7 +83,7 @@ def test_the_launch_is_ddps_torchrun_with_determineds_chief_on_host0(tmp_path, i
 
 
 def test_hosts_with_a_master_a_multi_node_config_or_a_bad_split_are_refused(tmp_path, imdb_dir, bert_tiny_dir):
-    from pipelines.backends import run_cell
+    from pipelines.run.cells import run_cell
 
     hosts = [_FakeHost(name=f"h{k}", address=f"10.213.0.{k + 1}", launched=[]) for k in range(2)]
     paths = RunPaths(tmp_path / "run")
@@ -107,7 +107,7 @@ _NO_NETNS = why_unavailable()
 @pytest.mark.skipif(_NO_NETNS is not None, reason=str(_NO_NETNS))
 def test_a_determined_cell_across_two_emulated_hosts(tmp_path, imdb_dir, bert_tiny_dir, monkeypatch):
     monkeypatch.setenv("LOGLEVEL", "INFO")  # torchrun logs each node's rendezvous (group_rank=...)
-    from pipelines.backends import run_cell
+    from pipelines.run.cells import run_cell
     from pipelines.cluster import EmulatedCluster
     from pipelines.training import phases
 

@@ -1,4 +1,4 @@
-"""Losing a host mid-epoch (``matrix.fault=host_loss``, ``pipelines.faults``).
+"""Losing a host mid-epoch (``matrix.fault=host_loss``, ``pipelines.measure.faults``).
 
 The injector waits for rank 0's heartbeat to reach the middle of the chosen epoch, SIGKILLs every
 process of the cell's last host, and gives the platform ``recovery_deadline_s`` to recover; past it
@@ -15,9 +15,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from pipelines import attempts, faults
+from pipelines.measure import attempts, faults
 from pipelines.cluster import why_unavailable
-from pipelines.paths import RunPaths
+from pipelines.runfolder.paths import RunPaths
 from tests.token_shards import write_token_shards
 
 _NO_NETNS = why_unavailable()
@@ -56,10 +56,10 @@ def test_a_platform_that_does_not_recover_fails_at_the_deadline(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(_NO_NETNS is not None, reason=str(_NO_NETNS))
 def test_ddp_loses_a_host_and_the_projects_retry_recovers_it(tmp_path, make_config, imdb_dir, bert_tiny_dir):
-    from pipelines import stages
+    from pipelines.run import stages
     from pipelines.cluster import lifecycle
     from pipelines.config import save_config
-    from pipelines.results import CellResult
+    from pipelines.runfolder.results import CellResult
 
     paths = write_token_shards(RunPaths(tmp_path / "runs" / "loss"), imdb_dir, bert_tiny_dir, train_per_class=64,
                                test_per_class=16, seq_len=32, seed=6)
@@ -83,7 +83,7 @@ def test_ddp_loses_a_host_and_the_projects_retry_recovers_it(tmp_path, make_conf
 
 def test_the_report_shows_each_platforms_recovery_side_by_side():
     from pipelines.report.faults import faults_markdown
-    from pipelines.results import CellResult
+    from pipelines.runfolder.results import CellResult
 
     lost = {"kind": "host_loss", "host": "h1", "epoch": 2, "step": 3, "steps": 6, "deadline_s": 120.0,
             "lost_seconds": 4.2, "resumed_from_epoch": 1, "epochs_redone": 1}

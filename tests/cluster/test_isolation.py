@@ -1,7 +1,7 @@
 """Every one-host cell in a private network namespace: its rendezvous port is unreachable.
 
 torchrun's rendezvous store (a one-node ``--standalone`` run) listens on every interface, and
-Determined's local mode on ``tcp://*:12360`` / ``12365``; ``pipelines.launch.execute`` starts such
+Determined's local mode on ``tcp://*:12360`` / ``12365``; ``pipelines.platforms.torchrun.execute`` starts such
 a launcher under ``unshare --net`` with only loopback up. The test holds a ddp cell after its
 first epoch, finds the ranks' MASTER_PORT, shows the port answers inside the cell's namespace
 and refuses from this host's own namespace, then lets the cell finish.
@@ -20,8 +20,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from pipelines import launch
-from pipelines.paths import RunPaths
+from pipelines.platforms import torchrun as launch
+from pipelines.runfolder.paths import RunPaths
 from tests import fault_injection
 from tests.token_shards import write_token_shards
 
@@ -57,7 +57,7 @@ def _rank_with_port(cell_dir: Path, deadline_s: float = 240.0) -> tuple[psutil.P
 @pytest.mark.skipif(not launch.isolation_available(), reason="needs root and unshare --net")
 def test_a_ddp_cells_rendezvous_port_is_unreachable_from_the_host(tmp_path, make_config, imdb_dir, bert_tiny_dir,
                                                                    monkeypatch):
-    from pipelines.backends import run_cell
+    from pipelines.run.cells import run_cell
 
     for key, value in {**fault_injection.env(1, PROJECT_ROOT), fault_injection.HOLD_SECONDS_ENV: "25"}.items():
         monkeypatch.setenv(key, value)

@@ -19,7 +19,7 @@ import pytest
 from pipelines.cluster import why_unavailable
 from pipelines.cluster import measure_throughput
 from pipelines.cluster.emulated import find_cgroups, list_netns
-from pipelines.paths import RunPaths
+from pipelines.runfolder.paths import RunPaths
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 _NO_NETNS = why_unavailable()
@@ -38,7 +38,7 @@ def _emulated(make_config, **overrides):
 
 def test_cluster_config_is_checked_before_any_work(make_config):
     from pipelines.config import ConfigError
-    from pipelines.preflight import problems
+    from pipelines.run.preflight import problems
 
     with pytest.raises(ConfigError, match="need an emulated cluster"):
         make_config(networks=["100mbit"])
@@ -80,7 +80,7 @@ _OWNER = """
 import sys, time
 from pipelines.cluster import lifecycle
 from pipelines.config import read_config
-from pipelines.paths import RunPaths
+from pipelines.runfolder.paths import RunPaths
 from pathlib import Path
 paths = RunPaths(Path(sys.argv[1]))
 print(lifecycle.start(paths, read_config(paths.config), tied_to_caller=True)["keeper_pid"], flush=True)

@@ -18,7 +18,7 @@ import json
 import pytest
 
 from pipelines.cluster import why_unavailable
-from pipelines.paths import RunPaths
+from pipelines.runfolder.paths import RunPaths
 from tests.token_shards import write_token_shards
 
 _NO_NETNS = why_unavailable()
@@ -28,10 +28,10 @@ _NO_NETNS = why_unavailable()
 @pytest.mark.heavy  # ~4 min: the bandwidth measurement behind bench/RESULTS.md
 @pytest.mark.skipif(_NO_NETNS is not None, reason=str(_NO_NETNS))
 def test_bandwidth_shapes_communication_and_the_strategies_save_it(tmp_path, make_config, imdb_dir, bert_tiny_dir):
-    from pipelines import stages
+    from pipelines.run import stages
     from pipelines.cluster import lifecycle
     from pipelines.config import save_config
-    from pipelines.results import CellResult
+    from pipelines.runfolder.results import CellResult
 
     paths = write_token_shards(RunPaths(tmp_path / "runs" / "net"), imdb_dir, bert_tiny_dir, train_per_class=48,
                                test_per_class=16, seq_len=32, seed=4)

@@ -19,9 +19,9 @@ from types import SimpleNamespace
 import psutil
 import pytest
 
-from pipelines import ray_hosts
+from pipelines.platforms.ray import hosts as ray_hosts
 from pipelines.cluster import why_unavailable
-from pipelines.paths import RunPaths
+from pipelines.runfolder.paths import RunPaths
 from tests.token_shards import write_token_shards
 
 MB = 10**6
@@ -59,7 +59,7 @@ def test_node_and_driver_commands_build_one_cluster_with_the_head_on_host0():
         temp_dirs.add(node["--temp-dir"])
     assert len(temp_dirs) == 3 and all(len(d) < 30 for d in temp_dirs)  # own folder per node, short
     assert ray_hosts.driver_argv(Path("/r/cells/ray-w2-r0"), 12.5, "10.213.0.1:6390", 2, python="py") == [
-        "py", "-m", "pipelines.ray_hosts", "--cell-dir", "/r/cells/ray-w2-r0", "--launch-time", "12.5",
+        "py", "-m", "pipelines.platforms.ray.hosts", "--cell-dir", "/r/cells/ray-w2-r0", "--launch-time", "12.5",
         "--address", "10.213.0.1:6390", "--nodes", "2"]
     assert ray_hosts.placement_strategy(2, 2) == "STRICT_SPREAD"
     assert ray_hosts.placement_strategy(4, 2) == "SPREAD"
@@ -78,7 +78,7 @@ def test_workers_and_nodes_environment():
 
 def test_a_bad_split_or_a_cluster_address_is_refused_before_anything_is_written(tmp_path, imdb_dir,
                                                                                 bert_tiny_dir):
-    from pipelines.backends import run_cell
+    from pipelines.run.cells import run_cell
 
     paths = RunPaths(tmp_path / "run")
     with pytest.raises(ValueError, match="cannot be split evenly over 2 host"):
@@ -108,7 +108,7 @@ _NO_NETNS = why_unavailable()
 @pytest.mark.slow
 @pytest.mark.skipif(_NO_NETNS is not None, reason=str(_NO_NETNS))
 def test_a_ray_cell_across_two_emulated_hosts(tmp_path, imdb_dir, bert_tiny_dir):
-    from pipelines.backends import run_cell
+    from pipelines.run.cells import run_cell
     from pipelines.cluster import EmulatedCluster
     from pipelines.training import phases
 

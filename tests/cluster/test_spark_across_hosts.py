@@ -2,7 +2,7 @@
 
 ``run_cell(..., "spark" | "spark_dataframe", 2, hosts=cluster.hosts)`` on a 2-host, 100 Mbit/s
 cluster: the master, one 1-core worker per host and the driver run inside the hosts
-(``pipelines.spark_hosts``), TorchDistributor's barrier stage puts one rank on each host's
+(``pipelines.platforms.spark.hosts``), TorchDistributor's barrier stage puts one rank on each host's
 executor, the gradients cross the link, the phases add up, and after the cell nothing of it is
 left running (no process in the hosts, no Spark JVM). The builders and the teardown on failure
 are tested without root. Run alone:
@@ -20,9 +20,9 @@ from types import SimpleNamespace
 import psutil
 import pytest
 
-from pipelines import spark_hosts, spark_torch
+from pipelines.platforms.spark import hosts as spark_hosts, distributor as spark_torch
 from pipelines.cluster import why_unavailable
-from pipelines.paths import RunPaths
+from pipelines.runfolder.paths import RunPaths
 from tests.token_shards import write_token_shards
 
 MB = 10**6
@@ -59,7 +59,7 @@ def test_daemon_driver_and_session_settings_bind_each_host(tmp_path, imdb_dir, b
     assert conf["spark.executorEnv.GLOO_SOCKET_IFNAME"] == conf["spark.executorEnv.TP_SOCKET_IFNAME"] == "eth0"
     driver = spark_hosts.driver_argv(Path("/r/cells/spark-w2-r0"), 12.5, "spark://10.213.0.1:7177", "dataframe",
                                      python="py")
-    assert driver[:3] == ["py", "-m", "pipelines.spark_hosts"]
+    assert driver[:3] == ["py", "-m", "pipelines.platforms.spark.hosts"]
     parser = argparse.ArgumentParser()
     for flag in ("--cell-dir", "--launch-time", "--master", "--feed"):
         parser.add_argument(flag)
@@ -123,7 +123,7 @@ _NO_NETNS = why_unavailable()
 @pytest.mark.skipif(_NO_NETNS is not None, reason=str(_NO_NETNS))
 @pytest.mark.parametrize("backend", ["spark", pytest.param("spark_dataframe", marks=pytest.mark.heavy)])
 def test_a_spark_cell_across_two_emulated_hosts(backend, tmp_path, imdb_dir, bert_tiny_dir):
-    from pipelines.backends import run_cell
+    from pipelines.run.cells import run_cell
     from pipelines.cluster import EmulatedCluster
     from pipelines.training import phases
 

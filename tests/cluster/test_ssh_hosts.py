@@ -24,7 +24,7 @@ import pytest
 
 from pipelines.cluster import why_unavailable
 from pipelines.cluster.ssh import SSHHost, parse_host_entry, ssh_hosts
-from pipelines.paths import RunPaths
+from pipelines.runfolder.paths import RunPaths
 from tests.token_shards import write_token_shards
 
 MB = 10**6
@@ -179,7 +179,7 @@ def _config(tmp_path: Path, imdb_dir: Path, bert_tiny_dir: Path):
 @pytest.mark.slow
 @pytest.mark.skipif(_NO_NETNS is not None or _NO_SSHD is not None, reason=str(_NO_NETNS or _NO_SSHD))
 def test_a_ddp_cell_over_ssh_one_rank_on_each_host(tmp_path, imdb_dir, bert_tiny_dir):
-    from pipelines.backends import run_cell
+    from pipelines.run.cells import run_cell
     from pipelines.training import phases
 
     paths = write_token_shards(RunPaths(tmp_path / "runs" / "sshx-run"), imdb_dir, bert_tiny_dir,

@@ -108,7 +108,7 @@ def as_worker(initialised, monkeypatch):
 
 
 def _run_folder(make_config, tmp_path, **overrides):
-    from pipelines.paths import RunPaths
+    from pipelines.runfolder.paths import RunPaths
 
     config = make_config(**overrides)
     paths = RunPaths(tmp_path / "runs" / "r1")
@@ -120,7 +120,7 @@ def _run_folder(make_config, tmp_path, **overrides):
 def test_workers_log_the_benchmark_into_its_experiment(as_worker, make_config, tmp_path):
     from mlflow import MlflowClient
 
-    from pipelines.tracking_store import client_for, ensure_parent_run
+    from pipelines.tracking.store import client_for, ensure_parent_run
 
     config, paths = _run_folder(make_config, tmp_path)
     client = client_for(config)
@@ -134,7 +134,7 @@ def test_workers_log_the_benchmark_into_its_experiment(as_worker, make_config, t
 
 
 def test_a_run_naming_another_experiment_fails_and_creates_nothing(as_worker, make_config, tmp_path):
-    from pipelines.tracking_store import (
+    from pipelines.tracking.store import (
         ExperimentNotAllowed,
         TrackingUnavailable,
         client_for,
@@ -151,7 +151,7 @@ def test_a_run_naming_another_experiment_fails_and_creates_nothing(as_worker, ma
 
 
 def test_a_missing_deployment_experiment_is_not_created_by_a_run(as_worker, make_config, tmp_path, monkeypatch):
-    from pipelines.tracking_store import ExperimentNotAllowed, client_for, ensure_parent_run
+    from pipelines.tracking.store import ExperimentNotAllowed, client_for, ensure_parent_run
 
     monkeypatch.setenv("BENCHMARK_MLFLOW_EXPERIMENT", "never-initialised")
     config, paths = _run_folder(make_config, tmp_path, mlflow_experiment="never-initialised")

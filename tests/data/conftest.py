@@ -37,7 +37,7 @@ def write_source(tmp_path, real_rows):
 @pytest.fixture(scope="session")
 def spark():
     """One local[2] session for every Spark test here (start-up costs ~8 s)."""
-    from pipelines.spark_session import get_spark
+    from pipelines.engines.spark_session import get_spark
 
     session = get_spark("local[2]", app_name="tests-data", conf={"spark.ui.showConsoleProgress": "false"})
     yield session

@@ -10,8 +10,8 @@ import pytest
 
 from pipelines.data.ingest import DataSourceError, ingest
 from pipelines.data.validate import DataValidationError, validate_snapshot
-from pipelines.paths import RunPaths
-from pipelines.tracking import baseline_eligible
+from pipelines.runfolder.paths import RunPaths
+from pipelines.tracking.runs import baseline_eligible
 
 
 def _run(config) -> RunPaths:

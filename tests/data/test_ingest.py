@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines.data.ingest import DataSourceError, content_hash, ingest, sample_split
-from pipelines.paths import RunPaths
+from pipelines.runfolder.paths import RunPaths
 
 
 def _run(config, name: str = "run") -> RunPaths:

@@ -15,7 +15,7 @@ from pipelines.data.ingest import ingest
 from pipelines.data.near_duplicates import normalize_text, shingle_hashes, text_duplicates
 from pipelines.data.preprocess import preprocess
 from pipelines.data.validate import DataValidationError, validate_snapshot
-from pipelines.paths import RunPaths
+from pipelines.runfolder.paths import RunPaths
 
 
 def _run(config) -> RunPaths:

@@ -19,7 +19,7 @@ from pipelines.data.ingest import ingest
 from pipelines.data.preprocess import preprocess
 from pipelines.data.tokens import load_tokenizer, read_token_split, tokenize_frame
 from pipelines.data.validate import DataValidationError, validate_snapshot, validate_tokens
-from pipelines.paths import RunPaths
+from pipelines.runfolder.paths import RunPaths
 
 SEQ_LEN = 64
 pytestmark = pytest.mark.slow  # starts Spark

@@ -14,7 +14,7 @@ import pytest
 from pipelines.data.ingest import ingest
 from pipelines.data.preprocess import preprocess
 from pipelines.data.validate import DataValidationError, validate_snapshot
-from pipelines.paths import RunPaths
+from pipelines.runfolder.paths import RunPaths
 
 
 def _run(config) -> RunPaths:

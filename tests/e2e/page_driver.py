@@ -27,7 +27,7 @@ from pathlib import Path
 
 import httpx
 
-from pipelines.paths import RunPaths
+from pipelines.runfolder.paths import RunPaths
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(PROJECT_ROOT))

@@ -65,7 +65,7 @@ def test_killed_training_is_retried_and_resumes(e2e_results):
     assert run["killed_training"]["killed_pids"], "no training process was found to kill"
     tries = [t for t in run["train_tries"] if t["state"] == "success"]
     # two repeats ran as two mapped instances; the held one (r0) was killed and retried inside its
-    # task by pipelines.stages.train_cell (matrix.cell_retries: the CLI's policy too), so every task
+    # task by pipelines.run.stages.train_cell (matrix.cell_retries: the CLI's policy too), so every task
     # instance succeeded on Airflow's first try
     assert sorted(t["try_number"] for t in tries) == [1, 1], run["train_tries"]
     cell = run["cell_result"]
@@ -105,7 +105,7 @@ def test_trigger_form_shows_the_params(e2e_results):
 
 
 def test_benchmarks_page_shows_the_finished_run(e2e_results):
-    from pipelines.paths import safe_run_id
+    from pipelines.runfolder.paths import safe_run_id
 
     text = e2e_results["benchmarks_text"]
     run_folder = safe_run_id(e2e_results["dag_run"]["run_id"])

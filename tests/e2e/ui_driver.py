@@ -73,7 +73,7 @@ def failed_task_logs(api: httpx.Client, run_id: str) -> str:
 
 
 def output_root(run_id: str) -> Path:
-    from pipelines.paths import safe_run_id
+    from pipelines.runfolder.paths import safe_run_id
 
     return Path(os.environ["BENCHMARK_OUTPUT_ROOT"]) / safe_run_id(run_id)
 

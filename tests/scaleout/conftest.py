@@ -9,7 +9,7 @@ import socket
 import pytest
 
 from pipelines.config import load_config
-from pipelines.paths import RunPaths
+from pipelines.runfolder.paths import RunPaths
 from tests.token_shards import write_token_shards
 
 # 128 train / 64 test reviews, seq 64, batch 16: 4 steps per epoch at world size 2.
@@ -54,7 +54,7 @@ def scaleout_config(scaleout_paths, imdb_dir, bert_tiny_dir):
 @pytest.fixture(scope="session")
 def single_node_w2(scaleout_config, scaleout_paths):
     """Reference: DDP on one node with 2 processes (torchrun --standalone)."""
-    from pipelines.backends import run_cell
+    from pipelines.run.cells import run_cell
 
     result = run_cell(scaleout_config(), scaleout_paths, "ddp", 2, repeat=0)
     assert result.status == "ok" and result.world_size == 2

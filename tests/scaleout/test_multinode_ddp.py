@@ -16,8 +16,8 @@ import sys
 
 import pytest
 
-from pipelines.paths import RunPaths
-from pipelines.results import CellResult
+from pipelines.runfolder.paths import RunPaths
+from pipelines.runfolder.results import CellResult
 
 pytestmark = pytest.mark.slow
 
@@ -25,9 +25,9 @@ pytestmark = pytest.mark.slow
 NODE = """
 import logging, sys
 from pathlib import Path
-from pipelines.backends import run_cell
+from pipelines.run.cells import run_cell
 from pipelines.config import BenchmarkConfig
-from pipelines.paths import RunPaths
+from pipelines.runfolder.paths import RunPaths
 logging.basicConfig(level=logging.INFO)
 result = run_cell(BenchmarkConfig.model_validate_json(sys.argv[1]), RunPaths(Path(sys.argv[2])), "ddp", 2)
 print("RESULT " + result.model_dump_json())
@@ -89,7 +89,7 @@ def test_two_nodes_train_like_one_node_with_two_processes(scaleout_config, scale
 
 
 def test_workers_not_divisible_by_nodes_is_refused_before_any_launch(scaleout_config, tmp_path, free_port):
-    from pipelines.backends import run_cell
+    from pipelines.run.cells import run_cell
 
     cfg = scaleout_config(ddp_nnodes=2, ddp_node_rank=0, ddp_rdzv_endpoint=f"127.0.0.1:{free_port()}")
     paths = RunPaths(tmp_path / "run")

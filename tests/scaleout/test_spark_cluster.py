@@ -3,7 +3,7 @@ from the pyspark distribution; the ``spark`` backend trains through them in barr
 (TorchDistributor local_mode=False: one torchrun per Spark task, on the executors) and must
 reproduce a local 2-process DDP run exactly.
 
-The cluster is a module fixture: the embedded cluster of ``pipelines.spark_cluster``
+The cluster is a module fixture: the embedded cluster of ``pipelines.engines.spark_cluster``
 (``$SPARK_HOME/bin/spark-class`` with SPARK_HOME = the pyspark package folder, 127.0.0.1, free
 ports, logs and work dirs under tmp; every process group is stopped at the end). Run alone:
     .venv/bin/python -m pytest tests/scaleout/test_spark_cluster.py -q
@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from pipelines.paths import RunPaths
+from pipelines.runfolder.paths import RunPaths
 
 pytestmark = pytest.mark.slow
 
@@ -32,8 +32,8 @@ def _stop_session_on(master: str) -> None:
 @pytest.fixture(scope="module")
 def spark_cluster(tmp_path_factory):
     """-> (master URL, folder with master/worker logs and the workers' work dirs): the project's
-    own embedded cluster (pipelines.spark_cluster) with 2 workers of 1 core."""
-    from pipelines import spark_cluster as cluster
+    own embedded cluster (pipelines.engines.spark_cluster) with 2 workers of 1 core."""
+    from pipelines.engines import spark_cluster as cluster
 
     paths = RunPaths(tmp_path_factory.mktemp("spark-cluster"))
     url = cluster.start(paths, workers=2)
@@ -48,7 +48,7 @@ def spark_cluster(tmp_path_factory):
 
 def test_get_spark_moves_from_a_local_session_to_the_cluster(spark_cluster):
     """A local session left by an earlier test must not be reused for a cluster master."""
-    from pipelines.spark_session import get_spark
+    from pipelines.engines.spark_session import get_spark
 
     url, _ = spark_cluster
     local = get_spark("local[2]", app_name="earlier-test")
@@ -63,9 +63,9 @@ def test_get_spark_moves_from_a_local_session_to_the_cluster(spark_cluster):
 @pytest.mark.heavy  # ~75 s; CI: spark cells on a standalone cluster in tests/cluster and tests/compose
 def test_spark_backend_trains_on_the_cluster_like_local_ddp(spark_cluster, scaleout_config, scaleout_paths,
                                                               single_node_w2, assert_same_training):
-    from pipelines.backends import run_cell
-    from pipelines.spark_torch import task_slots
-    from pipelines.spark_session import get_spark
+    from pipelines.run.cells import run_cell
+    from pipelines.platforms.spark.distributor import task_slots
+    from pipelines.engines.spark_session import get_spark
 
     url, work = spark_cluster
     result = run_cell(scaleout_config(spark_master=url), scaleout_paths, "spark", 2)
@@ -85,8 +85,8 @@ def test_spark_backend_trains_on_the_cluster_like_local_ddp(spark_cluster, scale
 
 def test_more_processes_than_cluster_slots_is_refused_not_hung(spark_cluster, scaleout_config,
                                                                 scaleout_paths, monkeypatch):
-    from pipelines import spark_torch as spark  # SLOT_WAIT_S
-    from pipelines.backends import run_cell
+    from pipelines.platforms.spark import distributor as spark  # SLOT_WAIT_S
+    from pipelines.run.cells import run_cell
 
     url, _ = spark_cluster
     monkeypatch.setattr(spark, "SLOT_WAIT_S", 20.0)  # the cell's own session: its executors start anew

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from torch.utils.data import TensorDataset
 
-from pipelines.cell import CellSpec
+from pipelines.training.cell import CellSpec
 from pipelines.config import Backend
-from pipelines.paths import RunPaths
+from pipelines.runfolder.paths import RunPaths
 from pipelines.training import loop
 from pipelines.training.distributed import DistEnv
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines.results import EpochMetrics
+from pipelines.runfolder.results import EpochMetrics
 from pipelines.training.record import TrainingRecord
 
 
@@ -45,8 +45,8 @@ def drive_like_the_loop(clock: FakeClock, record: TrainingRecord) -> TrainingRec
 
 def drive_like_determined(clock: FakeClock, record: TrainingRecord, tmp_path) -> TrainingRecord:
     """The callback sequence det.pytorch.Trainer makes, through the real EpochRecorder."""
-    from pipelines.paths import CellPaths
-    from pipelines.training.det_trial import EpochRecorder
+    from pipelines.runfolder.paths import CellPaths
+    from pipelines.platforms.determined.trial import EpochRecorder
 
     recorder = EpochRecorder(record, CellPaths(tmp_path), is_main=True)
     for epoch_idx, (train_s, eval_s, ckpt_s) in enumerate(EPOCHS):

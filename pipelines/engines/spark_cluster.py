@@ -1,0 +1,355 @@
+"""The embedded Spark standalone cluster: ``spark_master="embedded"``.
+
+Teams run Spark training on a cluster, not in TorchDistributor's local mode (torchrun on the
+driver). With ``spark_master="embedded"`` the run starts a real standalone cluster from the
+pyspark distribution (``$SPARK_HOME/bin/spark-class`` Master + Workers), bound to 127.0.0.1 and
+sized to the host (one 1-core worker per CPU core), uses it for preprocessing and for every
+spark cell (barrier tasks on its executors), and stops it at the end, also when a step failed.
+
+The cluster outlives the process that started it (the DAG starts it in one task and stops it in
+a teardown task), so what is needed to stop it lives in the run folder:
+``<run>/spark-cluster/cluster.json`` (0600 in a 0700 folder: master URL, process ids, owner,
+the cluster's secret) beside the master/worker logs.
+
+    with embedded_cluster(paths, config):   # the CLI's `run`: the cluster dies with the CLI
+        ...
+    start(paths); ...; stop(paths)          # the DAG's setup / teardown tasks
+    master_url(config, paths)               # what Spark connects to ("local[*]", spark://..., or
+                                            # the embedded cluster's URL)
+    secret_for(url)                         # the embedded cluster's secret (pipelines.engines.spark_session)
+
+Security: every cluster gets a secret of its own (``secrets.token_hex``) and runs with
+``spark.authenticate=true``: the master and workers read it from ``_SPARK_AUTH_SECRET`` in their
+environment (Spark's own variable; never on a command line that ``ps`` shows), the run's
+drivers get it from ``pipelines.engines.spark_session.get_spark`` (``spark.authenticate.secret``, set
+through py4j after the gateway JVM started, so not on spark-submit's command line either), and
+the executors from their worker. A driver without it is refused by the master. The master's REST
+submission server, the UI's kill links and its decommission endpoint are off.
+
+Lifetime: ``start(paths, tied_to_caller=True)`` (the CLI) ties the daemons to the calling process
+(``PR_SET_PDEATHSIG``: SIGTERM when it ends, SIGKILL included). Each daemon carries its state file
+and owner in its environment (``PIPELINES_SPARK_STATE``, ``PIPELINES_SPARK_OWNER``), and every
+``start`` first runs ``sweep()``: it kills the daemons of a dead owner, and those of a DAG-started
+cluster (owned by its run, not by a task) once nothing records them any more (state file gone or
+not listing them) or their run has finished (its report/summary.json is newer than the cluster).
+By hand: ``python -c "from pipelines.engines import spark_cluster; print(spark_cluster.sweep())"``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from pipelines.config import BenchmarkConfig
+from pipelines.runfolder.fileio import atomic_write_json
+from pipelines.runfolder.paths import RunPaths
+from pipelines.measure.signals import raise_on_sigterm
+
+log = logging.getLogger(__name__)
+EMBEDDED = "embedded"
+STARTUP_S = 120.0  # JVM start on a loaded 2-core box
+STOP_S = 20.0
+SWEEP_MIN_AGE_S = 120.0  # a run-owned daemon younger than this may still be being recorded by start()
+ENV_STATE, ENV_OWNER = "PIPELINES_SPARK_STATE", "PIPELINES_SPARK_OWNER"  # marks on every daemon
+DAEMON_CLASSES = ("org.apache.spark.deploy.master.Master", "org.apache.spark.deploy.worker.Worker")
+# Not secret (the command line shows them): authentication on, the unauthenticated ways in off.
+DAEMON_OPTS = ("-Dspark.authenticate=true -Dspark.master.rest.enabled=false -Dspark.ui.killEnabled=false "
+               "-Dspark.master.ui.decommission.allow.mode=DENY")
+_DIE_WITH_OWNER = True  # tests turn it off to leave what the sweep must find
+_SECRETS: dict[str, str] = {}  # url -> secret of the embedded clusters this process knows
+
+
+class ClusterNotRunning(RuntimeError):
+    """spark_master="embedded" but the run's cluster was not started (or is gone)."""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _spark_home() -> Path:
+    import pyspark
+
+    return Path(pyspark.__file__).resolve().parent
+
+
+def _die_with_parent() -> None:  # preexec_fn: the kernel sends SIGTERM when the starting thread ends
+    import ctypes
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _spark_class(home: Path, args: list[str], env: dict, log_file: Path, tied: bool) -> subprocess.Popen:
+    with open(log_file, "w") as out:
+        return subprocess.Popen([str(home / "bin" / "spark-class"), *args], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True,  # own group: outlives a task, killed as one
+                                preexec_fn=_die_with_parent if tied and _DIE_WITH_OWNER else None)  # noqa: PLW1509 - prctl only
+
+
+def _wait_for_line(log_file: Path, needle: str, procs: list[subprocess.Popen]) -> None:
+    deadline = time.monotonic() + STARTUP_S
+    while time.monotonic() < deadline:
+        if needle in log_file.read_text(errors="replace"):
+            return
+        if any(p.poll() is not None for p in procs):
+            raise RuntimeError(f"a Spark process of the embedded cluster exited; {log_file}:\n"
+                               f"{log_file.read_text(errors='replace')[-2000:]}")
+        time.sleep(0.5)
+    raise RuntimeError(f"no {needle!r} in {log_file} after {STARTUP_S:.0f}s")
+
+
+def host_workers() -> int:
+    """Workers for this host: one 1-core worker per CPU core."""
+    return max(1, os.cpu_count() or 1)
+
+
+def _owner_mark(pid: int) -> str:
+    """``pid:start time``: a recycled pid is not the owner."""
+    import psutil
+
+    return f"{pid}:{psutil.Process(pid).create_time():.2f}"
+
+
+def _daemon_env(paths: RunPaths, secret: str, owner: str | None) -> dict[str, str]:
+    env = {**os.environ, "SPARK_HOME": str(_spark_home()), "SPARK_LOCAL_IP": "127.0.0.1",
+           "SPARK_LOG_DIR": str(paths.spark_cluster), "SPARK_NO_DAEMONIZE": "1",
+           "PYSPARK_PYTHON": sys.executable, "_SPARK_AUTH_SECRET": secret,
+           ENV_STATE: str(paths.spark_cluster_info.resolve())}
+    for key in ("SPARK_MASTER_OPTS", "SPARK_WORKER_OPTS"):
+        env[key] = f"{os.environ.get(key, '')} {DAEMON_OPTS}".strip()
+    env.pop(ENV_OWNER, None)
+    if owner:
+        env[ENV_OWNER] = owner
+    return env
+
+
+def start(paths: RunPaths, workers: int | None = None, tied_to_caller: bool = False) -> str:
+    """Start master + workers for the run (idempotent: a live cluster is kept); returns its URL.
+
+    ``tied_to_caller``: the daemons end with this process (the CLI), SIGKILL included; else they
+    outlive it until ``stop`` (the DAG's setup task) or a later ``sweep``."""
+    if is_running(paths):
+        return master_url_of(paths)
+    swept = sweep()
+    if swept:
+        log.warning("killed %d Spark daemon(s) left by dead runs: %s", len(swept), swept)
+    workers = workers or host_workers()
+    home, folder = _spark_home(), paths.spark_cluster
+    folder.mkdir(parents=True, exist_ok=True)
+    folder.chmod(0o700)  # the state file holds the secret; logs and work dirs are the run's own
+    secret = secrets.token_hex(32)
+    owner = _owner_mark(os.getpid()) if tied_to_caller else None
+    env = _daemon_env(paths, secret, owner)
+    port = _free_port()
+    url = f"spark://127.0.0.1:{port}"
+    procs = [_spark_class(home, ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                                 "--port", str(port), "--webui-port", str(_free_port())],
+                          env, folder / "master.log", tied_to_caller)]
+    _record(paths, url, procs, secret, owner)  # written at once: a failed start is still stopped by stop()
+    try:
+        _wait_for_line(folder / "master.log", "I have been elected leader", procs)
+        for i in range(1, workers + 1):
+            procs.append(_spark_class(home, [
+                "org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1", "--cores", "1",
+                "--memory", "1g", "--webui-port", str(_free_port()), "--work-dir", str(folder / f"worker{i}"),
+            ], env, folder / f"worker{i}.log", tied_to_caller))
+            _record(paths, url, procs, secret, owner)
+        for i in range(1, workers + 1):
+            _wait_for_line(folder / f"worker{i}.log", "Successfully registered with master", procs)
+    except BaseException:
+        stop(paths)
+        raise
+    _SECRETS[url] = secret
+    log.info("embedded Spark cluster up: %s, %d worker(s) x 1 core, authenticated%s (logs: %s)", url,
+             workers, ", tied to this process" if tied_to_caller else "", folder)
+    return url
+
+
+def _record(paths: RunPaths, url: str, procs: list[subprocess.Popen], secret: str, owner: str | None) -> None:
+    # atomic_write_json writes through mkstemp: the file is 0600 from its first byte
+    atomic_write_json(paths.spark_cluster_info, {"url": url, "pids": [p.pid for p in procs],
+                                                 "started": time.time(), "owner": owner, "secret": secret})
+
+
+def _read(paths: RunPaths) -> dict:
+    try:
+        return json.loads(paths.spark_cluster_info.read_text())
+    except FileNotFoundError:
+        raise ClusterNotRunning(
+            f"spark_master=embedded, but {paths.spark_cluster_info} is missing: the run's Spark cluster "
+            "was not started (the CLI's `run` and the DAG's start_spark_cluster task start it)") from None
+
+
+def master_url_of(paths: RunPaths) -> str:
+    """The run's cluster URL (its secret is then known to this process: ``secret_for``)."""
+    info = _read(paths)
+    _SECRETS[info["url"]] = info["secret"]
+    return info["url"]
+
+
+def _alive(pid: int) -> bool:
+    """The process is running and is one of Spark's (a recycled pid is not ours)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"org.apache.spark.deploy" in cmdline
+
+
+def is_running(paths: RunPaths) -> bool:
+    if not paths.spark_cluster_info.exists():
+        return False
+    return all(_alive(pid) for pid in _read(paths)["pids"])
+
+
+def _terminate(pids: list[int]) -> None:
+    """SIGTERM each process group, SIGKILL what still runs after STOP_S; reap our own children."""
+    for sig, wait in ((signal.SIGTERM, STOP_S), (signal.SIGKILL, 5.0)):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, sig)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and any(_alive(p) for p in pids):
+            time.sleep(0.2)
+        if not any(_alive(p) for p in pids):
+            break
+    for pid in pids:  # reap our own children (the CLI's case); others are reaped by init
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
+
+
+def stop(paths: RunPaths) -> list[int]:
+    """Stop every process of the run's cluster (SIGTERM, then SIGKILL); returns the pids stopped."""
+    if not paths.spark_cluster_info.exists():
+        return []
+    info = _read(paths)
+    pids = [pid for pid in info["pids"] if _alive(pid)]
+    _terminate(pids)
+    _SECRETS.pop(info["url"], None)
+    paths.spark_cluster_info.unlink(missing_ok=True)
+    log.info("embedded Spark cluster stopped (%d process(es))", len(pids))
+    return pids
+
+
+@contextlib.contextmanager
+def embedded_cluster(paths: RunPaths, config: BenchmarkConfig) -> Iterator[str | None]:
+    """Start the run's cluster when the config asks for it and none runs; stop the one it
+    started afterwards, whatever happened (a cluster started by someone else is left alone).
+    The cluster is tied to this process: a SIGKILLed CLI leaves no daemon behind."""
+    if config.engine("spark").master != EMBEDDED or is_running(paths):
+        yield None
+        return
+    with raise_on_sigterm():  # a SIGTERM'd run still stops its cluster
+        try:
+            yield start(paths, tied_to_caller=True)
+        finally:
+            stop(paths)
+
+
+def master_url(config: BenchmarkConfig, paths: RunPaths) -> str:
+    """The master Spark connects to: the embedded cluster's URL, or the configured master."""
+    if config.engine("spark").master != EMBEDDED:
+        return config.engine("spark").master
+    url = master_url_of(paths)
+    if not is_running(paths):
+        raise ClusterNotRunning(f"the run's embedded Spark cluster ({url}) is not running; see "
+                                f"{paths.spark_cluster}/*.log")
+    return url
+
+
+# --- the daemons on this host: secret lookup and the sweep ---------------------------------
+
+def _daemons() -> Iterator[tuple[int, list[str], dict[str, str]]]:
+    """(pid, argv, environment) of this user's embedded-cluster master/worker JVMs."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if proc.stat().st_uid != os.getuid():
+                continue
+            argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            if not any(a in DAEMON_CLASSES for a in argv):
+                continue
+            raw = (proc / "environ").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        env = dict(item.split("=", 1) for item in raw if "=" in item)
+        if ENV_STATE in env:
+            yield int(proc.name), argv, env
+
+
+def secret_for(url: str) -> str | None:
+    """The secret of the embedded cluster at ``url``; None when ``url`` is not one of them.
+    Known once this process started or looked the cluster up; else found through its master."""
+    if url in _SECRETS:
+        return _SECRETS[url]
+    if not url.startswith("spark://127.0.0.1:"):
+        return None
+    for _, argv, env in _daemons():
+        if DAEMON_CLASSES[0] not in argv:
+            continue
+        with contextlib.suppress(OSError, ValueError, KeyError):  # someone else's, or stopping
+            info = json.loads(Path(env[ENV_STATE]).read_text())
+            if info["url"] == url:
+                _SECRETS[url] = info["secret"]
+                return info["secret"]
+    return None
+
+
+def _owner_dead(mark: str) -> bool:
+    import psutil
+
+    pid, _, started = mark.partition(":")
+    try:
+        return abs(psutil.Process(int(pid)).create_time() - float(started)) > 1.0
+    except (psutil.NoSuchProcess, ValueError):
+        return True
+
+
+def _orphaned(pid: int, state_file: Path) -> bool:
+    """A run-owned daemon nothing records any more, or whose run has finished."""
+    try:
+        info = json.loads(state_file.read_text())
+    except (OSError, ValueError):
+        return True
+    if pid not in info.get("pids", []):
+        return True
+    summary = RunPaths(state_file.parent.parent).summary
+    return summary.exists() and summary.stat().st_mtime > info.get("started", 0)
+
+
+def _age(pid: int) -> float:
+    import psutil
+
+    try:
+        return time.time() - psutil.Process(pid).create_time()
+    except psutil.NoSuchProcess:
+        return 0.0
+
+
+def sweep() -> list[int]:
+    """Kill the embedded-cluster daemons (with their executors) whose owner is dead: a tied
+    cluster's process, or a DAG-started cluster's run (see the module docstring). -> their pids."""
+    dead = []
+    for pid, _, env in _daemons():
+        if env.get(ENV_OWNER):
+            if _owner_dead(env[ENV_OWNER]):
+                dead.append(pid)
+        elif _age(pid) > SWEEP_MIN_AGE_S and _orphaned(pid, Path(env[ENV_STATE])):
+            dead.append(pid)
+    if dead:
+        _terminate(dead)
+    return dead

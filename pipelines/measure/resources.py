@@ -1,0 +1,399 @@
+"""What a cell's processes use while it trains: CPU, memory, bytes, GPU (``<cell>/resources.json``).
+
+``TrainingBackend.run`` wraps the launch in ``sample(cell, hosts, daemons)``; ``usage()`` is the cell's
+``ResourceUsage`` (``pipelines.runfolder.results`` says what each figure is). The cell's processes: this one
+(the driver) and those started under it during the cell, ``daemons`` and theirs, and all in an
+emulated host's cgroups (cpuacct, memory: they measure the host; /proc splits it). Ranks wrote
+``<cell>/ranks/rank-<k>.pid`` (``write_rank_pid``, from the shared loop); the rest is the platform's,
+by ``process_kind``. One pass over /proc every ``interval_s``: a process's CPU after its last sample
+(under one interval) is not counted locally; the hosts' cgroups count all. It never fails a cell
+(what it cannot measure is logged and noted).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipelines.runfolder.fileio import atomic_write_json
+from pipelines.runfolder.paths import CellPaths
+from pipelines.runfolder.results import HostUsage, ResourceUsage
+
+log = logging.getLogger(__name__)
+
+DEFAULT_INTERVAL_S = 0.5
+RESOURCES_FILE, RANKS_DIR = "resources.json", "ranks"
+DRIVER = "driver"  # the process running TrainingBackend.run: its kind and its per_host key
+SPARK_PLATFORMS = ("spark", "spark_dataframe")  # the cells that use the embedded Spark cluster
+MB = 1024 * 1024
+_TICK, _PAGE = os.sysconf("SC_CLK_TCK"), os.sysconf("SC_PAGE_SIZE")
+_GPU_QUERY = ["nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits"]
+_JVM_ROLES = (("deploy.master.Master", "java_master"), ("deploy.worker.Worker", "java_worker"),
+              ("CoarseGrainedExecutorBackend", "java_executor"))
+
+
+def _boot_id() -> str:  # a pid names a process of this machine only while this stays the same
+    path = Path("/proc/sys/kernel/random/boot_id")
+    return path.read_text().strip() if path.exists() else ""
+
+
+def write_rank_pid(cell_dir, rank: int) -> None:
+    """Mark this process as rank ``rank`` of the cell (``<cell>/ranks/rank-<k>.pid``: pid and this
+    machine's boot id). Never raises: a measure must not stop training."""
+    try:
+        folder = Path(cell_dir) / RANKS_DIR
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"rank-{int(rank)}.pid").write_text(f"{os.getpid()} {_boot_id()}\n")
+    except (OSError, ValueError) as err:
+        log.warning("rank %s: no pid file for the resource split: %s", rank, err)
+
+
+def rank_pids(cell_dir) -> set[int]:
+    """The cell's ranks on this machine (a pid file from another machine is left out)."""
+    texts = [p.read_text().strip().partition(" ") for p in (Path(cell_dir) / RANKS_DIR).glob("rank-*.pid")]
+    return {int(pid) for pid, _, boot in texts if pid.isdigit() and boot in ("", _boot_id())}
+
+
+def read_timeline(cell_dir) -> list[dict]:
+    """The samples of resources.json (``t``: s since ``ResourceUsage.started``; CPU %: 100 = one core)."""
+    try:
+        return json.loads((Path(cell_dir) / RESOURCES_FILE).read_text()).get("timeline", [])
+    except (OSError, ValueError, AttributeError):
+        return []
+
+
+def daemons(backend: str, paths) -> list[int]:
+    """What a Spark cell uses but does not start: the run's embedded Spark Master and Workers."""
+    try:
+        if str(backend) not in SPARK_PLATFORMS or not paths.spark_cluster_info.exists():
+            return []
+        return [int(p) for p in json.loads(paths.spark_cluster_info.read_text()).get("pids", [])]
+    except Exception as err:  # a measure: never a reason to fail the cell
+        log.warning("resources: the embedded Spark cluster's pids are unreadable: %s", err)
+        return []
+
+
+def process_kind(name: str, cmdline: list[str]) -> str:
+    """What a platform process is, from its name and command line."""
+    text, first = " ".join(cmdline), Path(cmdline[0]).name if cmdline else ""
+    if "java" in (name, first):  # SparkSubmit (the session's driver JVM) is plain "java"
+        return next((kind for marker, kind in _JVM_ROLES if marker in text), "java")
+    rules = (("raylet" in (name, first), "raylet"), ("gcs_server" in (name, first), "gcs_server"),
+             (text.startswith("ray::") or "default_worker.py" in text, "ray_worker"),
+             ("/ray/" in text, "ray_other"), ("torchrun" in text or "distributed.run" in text, "torchrun"),
+             ("pyspark" in text, "pyspark_worker"), ("determined" in text, "determined"),
+             (name.startswith("python") or first.startswith("python"), "python"))
+    return next((kind for hit, kind in rules if hit), name or "other")
+
+
+def _kind_of(pid: int, name: str) -> str:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        return process_kind(name, cmdline)
+    except OSError:
+        return process_kind(name, [])
+
+
+def _proc_table() -> dict[int, tuple]:
+    """pid -> (ppid, name, user + system CPU seconds, start (ticks after boot), RSS bytes) of every
+    process: one read of /proc/<pid>/stat each (proc(5): fields 4, 2, 14 + 15, 22, 24)."""
+    out = {}
+    for entry in os.scandir("/proc"):
+        try:
+            data = Path(entry.path, "stat").read_bytes() if entry.name.isdigit() else None
+        except OSError:
+            continue
+        if data:
+            close = data.rindex(b")")
+            f = data[close + 2:].split()
+            out[int(entry.name)] = (int(f[1]), data[data.index(b"(") + 1:close].decode(errors="replace"),
+                                    (int(f[11]) + int(f[12])) / _TICK, int(f[19]), int(f[21]) * _PAGE)
+    return out
+
+
+@dataclass
+class _Proc:
+    ctime: int  # its start (ticks after boot): a reused pid is a new process
+    where: str  # a host's name, or DRIVER: this machine outside the hosts
+    name: str
+    kind: str
+    cpu: float  # user + system at its last sample
+
+
+@dataclass
+class _Scope:
+    """CPU sums and memory peaks of one part of the cell (all of it, the driver, one host)."""
+
+    cpu: dict = field(default_factory=lambda: defaultdict(float))  # seconds: ranks, platform, kind:<k>
+    peak: dict = field(default_factory=lambda: defaultdict(float))  # bytes: ranks, platform, total, kind:<k>
+
+    def add(self, now: dict) -> None:
+        now["total"] = now["ranks"] + now["platform"]
+        for key, value in now.items():
+            self.peak[key] = max(self.peak[key], value)
+
+    def part(self, cpu: float | None, cpus: int | None, wall: float, seen: bool = True) -> dict:
+        """The figures ResourceUsage and HostUsage share."""
+        ranks = self.cpu["ranks"]
+        return {"cpus": cpus, "cpu_seconds": cpu,
+                "cpu_utilisation": cpu / (wall * cpus) if cpu is not None and cpus else None,
+                "ranks_cpu_seconds": ranks if seen else None,
+                "ranks_peak_rss_mb": _mb(self.peak["ranks"]) if seen else None,
+                "platform_cpu_seconds": max(0.0, cpu - ranks) if cpu is not None else None,
+                "platform_peak_rss_mb": _mb(self.peak["platform"]) if seen else None,
+                "platform_processes": _kinds(self.peak, _mb)}
+
+
+def _kinds(values: dict, fmt) -> dict[str, float]:
+    """The ``kind:<k>`` entries of a scope, largest first."""
+    kinds = {k.split(":", 1)[1]: fmt(v) for k, v in values.items() if k.startswith("kind:")}
+    return dict(sorted(kinds.items(), key=lambda kv: -kv[1]))
+
+
+def _cgroup(host, name: str) -> Path | None:
+    """The file ``name`` of one of the host's cgroups; None if it has none (an SSH host)."""
+    return next((Path(c, name) for c in getattr(host, "cgroups", None) or () if Path(c, name).exists()), None)
+
+
+def _read_int(path: Path | None) -> int | None:
+    try:
+        return int(path.read_text().split()[0]) if path else None
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _host_marks(host, first: bool, notes: list[str]) -> dict:
+    """A host's counters now: cpuacct.usage (ns), its memory cgroup's peak (bytes; reset to 0 by the
+    first call), its cpuset's size and its link's tx/rx; None where unreadable (an SSH host)."""
+    from pipelines.cluster.emulated import parse_cpu_list
+
+    peak, cpuset = _cgroup(host, "memory.max_usage_in_bytes"), _cgroup(host, "cpuset.cpus")
+    try:
+        if first and peak is not None:
+            peak.write_text("0")  # the peak from now on (an SSH host has no cgroups)
+    except OSError as err:
+        notes.append(f"{host.name}: memory peak not reset: {err}")
+    out = {"cpu_ns": _read_int(_cgroup(host, "cpuacct.usage")), "peak": _read_int(peak), "tx": None,
+           "rx": None, "cpus": len(parse_cpu_list(cpuset.read_text())) if cpuset else None}
+    try:
+        out["tx"], out["rx"] = host.link_bytes()
+    except Exception as err:
+        notes.append(f"{host.name}: link counters unreadable: {type(err).__name__}: {err}")
+    return out
+
+
+def _gpu_sample() -> list[list[float]]:
+    """[utilisation %, memory used MB] of each of this machine's GPUs (nvidia-smi); [] if none."""
+    try:
+        out = subprocess.run(_GPU_QUERY, capture_output=True, text=True, timeout=5, check=True).stdout
+        return [[float(x) for x in line.split(",")] for line in out.splitlines() if line.strip()]
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return []
+
+
+def _netns(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return None
+
+
+def _mb(value: float) -> float:
+    return round(value / MB, 2)
+
+
+class Sampler:
+    """Samples the cell's processes on a thread between ``start`` and ``stop``; ``usage()`` after."""
+
+    def __init__(self, cell_dir, hosts=None, daemons=(), interval_s: float = DEFAULT_INTERVAL_S):
+        self.cell_dir, self.interval_s = Path(cell_dir), float(interval_s)
+        self.hosts, self.daemons = list(hosts or []), [int(p) for p in daemons]
+        self.me, self.started, self.ended, self.notes = os.getpid(), time.time(), time.time(), []
+        self._procs: dict[int, _Proc] = {}
+        self._before: set[int] = set()  # processes under this one before the cell: not the cell's
+        self._samples, self._marks = [], []  # the samples; host -> _host_marks at the start, at the end
+        self._ns: dict[str, list] = {}  # the cell's private network namespace -> [a pid in it, tx, rx]
+        self._own_ns, self._gpu = _netns(self.me), shutil.which("nvidia-smi") is not None
+        self._stop, self._thread, self._failures = threading.Event(), None, 0
+        self._sampler_cpu, self._usage, self._gpus = 0.0, None, 0
+
+    def start(self) -> Sampler:
+        try:
+            shutil.rmtree(self.cell_dir / RANKS_DIR, ignore_errors=True)  # an earlier attempt's ranks
+            self._marks.append({h.name: _host_marks(h, True, self.notes) for h in self.hosts})
+            self.started = time.time()
+            self._safe_sample()
+            self._thread = threading.Thread(target=self._run, name="resources-sampler", daemon=True)
+            self._thread.start()
+        except Exception as err:
+            self.notes.append(f"the sampler did not start: {type(err).__name__}: {err}")
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        try:
+            self._safe_sample()
+            self.ended = time.time()
+            self._marks.append({h.name: _host_marks(h, False, self.notes) for h in self.hosts})
+            self._usage, rows = self._compute()
+            atomic_write_json(self.cell_dir / RESOURCES_FILE, {"usage": self._usage.model_dump(),
+                                                                "timeline": rows})
+        except Exception as err:
+            log.warning("resources of %s not measured: %s: %s", self.cell_dir.name, type(err).__name__, err)
+            self._usage = None
+
+    def usage(self) -> ResourceUsage | None:  # once stopped; None if nothing could be measured
+        return self._usage
+
+    def _run(self) -> None:
+        began = time.thread_time()
+        while not self._stop.wait(self.interval_s):
+            self._safe_sample()
+        self._sampler_cpu = time.thread_time() - began
+
+    def _safe_sample(self) -> None:
+        try:
+            self._sample()
+        except Exception as err:  # never fails the cell: logged once, tried again next interval
+            self._failures += 1
+            if self._failures == 1:
+                log.warning("resources: a sample of %s failed: %r", self.cell_dir.name, err)
+
+    def _members(self, table: dict[int, tuple]) -> dict[int, str]:
+        """pid -> where, of the cell's processes now."""
+        children: dict[int, list[int]] = defaultdict(list)
+        for pid, info in table.items():
+            children[info[0]].append(pid)
+        out: dict[int, bool] = {}  # pid -> started under this process (not under a daemon)
+        for roots, ours in ((self.daemons, False), ([self.me], True)):
+            stack = [p for p in roots if p in table]
+            while stack:
+                pid = stack.pop()
+                if pid not in out:
+                    out[pid] = ours
+                    stack.extend(children.get(pid, ()))
+        if not self._samples:  # the first pass: what already ran under this process is not the cell's
+            self._before = {p for p, ours in out.items() if ours and p != self.me}
+        where = {p: DRIVER for p in out if p not in self._before}
+        for h in self.hosts:
+            procs = _cgroup(h, "cgroup.procs")
+            where.update((int(p), h.name) for p in (procs.read_text().split() if procs else ()))
+        return {p: w for p, w in where.items() if p in table}
+
+    def _sample(self) -> None:
+        table = _proc_table()
+        first, entries = not self._samples, {}
+        for pid, where in self._members(table).items():
+            (_, name, cpu, start, rss), proc = table[pid], self._procs.get(pid)
+            if proc is None or proc.ctime != start:  # new: from 0 (on the first pass: from now)
+                kind = DRIVER if pid == self.me else _kind_of(pid, name)
+                self._procs[pid] = proc = _Proc(start, where, name, kind, cpu if first else 0.0)
+                ns = _netns(pid) if where == DRIVER and not self.hosts else None
+                if ns and ns != self._own_ns:
+                    self._ns.setdefault(ns, [pid, 0, 0])[0] = pid
+            elif proc.name != name and pid != self.me:  # it exec'd (sh -> torchrun): what it is now
+                proc.name, proc.kind = name, _kind_of(pid, name)
+            entries[pid] = (max(0.0, cpu - proc.cpu), rss)
+            proc.cpu = max(proc.cpu, cpu)
+        for ns in self._ns.values():  # the cell's private network namespaces: the largest seen (they grow)
+            try:
+                lines = Path(f"/proc/{ns[0]}/net/dev").read_text().splitlines()[2:]
+            except OSError:
+                continue
+            cols = [line.split(":", 1)[1].split() for line in lines if ":" in line]
+            ns[1], ns[2] = max(ns[1], sum(int(c[8]) for c in cols)), max(ns[2], sum(int(c[0]) for c in cols))
+        gpus = _gpu_sample() if self._gpu else []
+        self._gpus = max(self._gpus, len(gpus))
+        self._samples.append({"t": time.time() - self.started, "pids": entries, "gpu": gpus and {
+            "gpu_utilisation": sum(g[0] for g in gpus) / len(gpus), "gpu_memory_mb": sum(g[1] for g in gpus)}
+        })
+
+    def _accumulate(self, ranks: set[int]) -> tuple[dict[str, _Scope], list[dict]]:
+        """Per scope ("cell", DRIVER, each host) the CPU sums and memory peaks; the timeline."""
+        scopes: dict[str, _Scope] = defaultdict(_Scope)
+        timeline, prev_t = [], None
+        for s in self._samples:
+            dt = s["t"] - prev_t if prev_t is not None else 0.0
+            now: dict[str, dict] = defaultdict(lambda: defaultdict(float))  # scope -> key -> RSS bytes
+            cpu = {"ranks": 0.0, "platform": 0.0}  # the cell's CPU seconds in this interval
+            for pid, (dcpu, rss) in s["pids"].items():
+                proc, side = self._procs[pid], "ranks" if pid in ranks else "platform"
+                cpu[side] += dcpu
+                for scope in ("cell", proc.where):
+                    for key in (side, f"kind:{proc.kind}") if side == "platform" else (side,):
+                        scopes[scope].cpu[key] += dcpu
+                        now[scope][key] += rss
+            for scope, values in now.items():
+                scopes[scope].add(values)
+            rates = {f"{k}_cpu_percent": round(100 * v / dt, 1) if dt else 0.0 for k, v in cpu.items()}
+            timeline.append({"t": round(s["t"], 3), "ranks_rss_mb": _mb(now["cell"]["ranks"]),
+                             "platform_rss_mb": _mb(now["cell"]["platform"]), **(s["gpu"] or {}), **rates})
+            prev_t = s["t"]
+        return scopes, timeline
+
+    def _per_host(self, scopes: dict[str, _Scope], wall: float) -> dict[str, HostUsage]:
+        """Across hosts: each host's usage (its cgroups, split by /proc) and the driver's (/proc)."""
+        per_host, drv, (start, end) = {}, scopes[DRIVER], self._marks
+        for h in self.hosts:
+            s, e = start[h.name], end[h.name]
+            seen, d = s["peak"] is not None, {k: None if None in (s[k], e[k]) else e[k] - s[k] for k in s}
+            cpu = None if d["cpu_ns"] is None else d["cpu_ns"] / 1e9
+            per_host[h.name] = HostUsage(
+                **scopes[h.name].part(cpu, s["cpus"], wall, seen),
+                source="cgroup" if seen else "none", peak_memory_mb=_mb(e["peak"]) if seen else None,
+                bytes_sent=d["tx"], bytes_received=d["rx"],
+                note=None if seen else "no cgroups there (an SSH host): CPU and memory not measured")
+        drv_cpu = max(0.0, drv.cpu["ranks"] + drv.cpu["platform"] - self._sampler_cpu)
+        per_host[DRIVER] = HostUsage(**drv.part(drv_cpu, None, wall), source="proc",
+                                     peak_memory_mb=_mb(drv.peak["total"]))
+        return per_host
+
+    def _compute(self) -> tuple[ResourceUsage, list[dict]]:
+        ranks = rank_pids(self.cell_dir) & set(self._procs)
+        scopes, timeline = self._accumulate(ranks)
+        wall, cell, per_host = max(self.ended - self.started, 1e-6), scopes["cell"], {}
+        if self.hosts:  # the hosts' cgroups (the sum of each host's peak) and the driver's processes
+            per_host = self._per_host(scopes, wall)
+            hosts, parts = [per_host[h.name] for h in self.hosts], per_host.values()
+            cpu, peak = (sum(getattr(u, k) or 0.0 for u in parts) for k in ("cpu_seconds", "peak_memory_mb"))
+            cpus = sum(u.cpus or 0 for u in hosts) or None
+            moved = [(u.bytes_sent, u.bytes_received) for u in hosts if u.bytes_sent is not None]
+        else:
+            cpu = max(0.0, cell.cpu["ranks"] + cell.cpu["platform"] - self._sampler_cpu)
+            cpus, peak = len(os.sched_getaffinity(0)), _mb(cell.peak["total"])
+            moved = [n[1:] for n in self._ns.values()]
+            if not moved:
+                self.notes.append("bytes: the cell shares this machine's network namespace: not its own")
+        gpu = [(r["gpu_utilisation"], r["gpu_memory_mb"]) for r in timeline if "gpu_utilisation" in r]
+        return ResourceUsage(
+            **cell.part(cpu, cpus, wall), source="hosts" if self.hosts else "process tree",
+            started=self.started,
+            wall_seconds=wall, interval_s=self.interval_s, samples=len(self._samples), peak_rss_mb=peak,
+            ranks=len(ranks), sampler_cpu_seconds=self._sampler_cpu, per_host=per_host, notes=self.notes,
+            bytes_sent=sum(m[0] for m in moved) if moved else None,
+            bytes_received=sum(m[1] for m in moved) if moved else None, gpus=self._gpus or None,
+            gpu_utilisation_mean=sum(g[0] for g in gpu) / len(gpu) if gpu else None,
+            gpu_peak_memory_mb=max((g[1] for g in gpu), default=None)), timeline
+
+
+@contextmanager
+def sample(cell, hosts=None, daemons=(), interval_s: float = DEFAULT_INTERVAL_S) -> Iterator[Sampler]:
+    """Sample the cell's processes while the block runs (``cell``: its CellPaths or folder);
+    ``sampler.usage()`` after it. The measure itself never raises."""
+    sampler = Sampler(cell.root if isinstance(cell, CellPaths) else cell, hosts, daemons, interval_s).start()
+    try:
+        yield sampler
+    finally:
+        sampler.stop()

@@ -1,0 +1,254 @@
+"""The small interface every training backend implements, and the part they all share.
+
+A backend only knows how to *launch* the shared worker on ``world_size`` processes
+(``launch``); ``run`` around it takes the host's timing lock (one timed cell per host at a
+time), records the attempt (``pipelines.measure.attempts``), writes the cell spec
+(``pipelines.training.cell.CellSpec``, with the cell's seed, batch and learning rate), times the whole
+launch (start-up is "adapter entry -> first training step", measured by the worker's
+``TrainingRecord``; every phase: ``pipelines.training.phases``), reads back the result file rank 0 wrote and completes it into
+``<cell>/result.json`` with every attempt, the timed window and the totals over attempts.
+Results never travel through a launcher's return value (TorchDistributor's is unreliable in
+local mode).
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import ClassVar, Protocol
+
+from pydantic import BaseModel
+
+from pipelines.measure import attempts, faults, resources, tensorboard
+from pipelines.training.cell import CellSpec, platform_modules
+from pipelines.config import Backend, BenchmarkConfig, TrainingStrategy
+from pipelines.data.manifest import read_manifest, task_labels
+from pipelines.runfolder.fileio import atomic_write_json
+from pipelines.runfolder.paths import CellPaths, RunPaths
+from pipelines.runfolder.results import CellResult, TimedWindow
+from pipelines.training import phases
+
+log = logging.getLogger(__name__)
+
+
+def cell_phases(result: CellResult, history: list) -> dict[str, float]:
+    """The worker's phases completed with teardown (its result -> the attempt's end) and the
+    earlier, failed attempts (``pipelines.training.phases``)."""
+    if not result.phases or result.work_end is None:
+        return result.phases
+    return phases.complete(result.phases, work_end=result.work_end, attempt_end=history[-1].end,
+                           earlier_attempts_seconds=sum((a.end or a.start) - a.start for a in history[:-1]))
+
+
+class UnsupportedStrategy(ValueError):
+    """A training strategy this backend cannot run (or that does not apply at this worker count)."""
+
+
+class Host(Protocol):
+    """One machine a cell's ranks may run on (``TrainingBackend.launch_on_hosts``): e.g. a host
+    of ``pipelines.cluster.EmulatedCluster``; ``run`` starts a process there."""
+
+    name: str
+    address: str
+
+    def link_bytes(self) -> tuple[int, int]: ...  # (tx, rx) of its cluster interface
+
+    def run(self, argv: list[str], env: dict[str, str] | None = None, **popen_kwargs) -> subprocess.Popen: ...
+
+
+class TrainingBackend(ABC):
+    """A training platform: ``run(config, world_size, paths=..., cell=...) -> CellResult``.
+
+    A subclass that sets ``name`` is a platform: defining it registers it
+    (``pipelines.platforms``). It implements ``launch`` and declares, as class attributes and
+    small methods, all the rest the project needs to know about it."""
+
+    name: ClassVar[str]
+    order: ClassVar[int] = 100  # position in reports and the default matrix
+    label: ClassVar[str] = ""  # human name, e.g. "PyTorch DDP (torchrun)"
+    colour: ClassVar[str] = "#64748b"  # plots and the Benchmarks page
+    # engines.<name> in the config: a pydantic model of the platform's own settings; fields made
+    # with pipelines.config.deployment(...) are set by the deployment, never by a trigger
+    settings: ClassVar[type[BaseModel] | None] = None
+    # platform_mode -> what that mode leaves out of a deployed platform (the report's caveats)
+    mode_caveats: ClassVar[dict[str, str]] = {}
+    # the published study's overhead of this platform over DDP (fraction), where it measured one
+    study_overhead: ClassVar[float | None] = None
+    # how the training rows reach the ranks, recorded as CellResult.data_feed: "files" = every rank
+    # reads the token shards through the shared loop; "dataframe" = through Spark (spark_dataframe)
+    data_feed: ClassVar[str] = "files"
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" in cls.__dict__:  # a platform; a shared base without a name is not
+            from pipelines import platforms
+
+            platforms.register(cls)
+
+    def preflight(self, config: BenchmarkConfig, cells: list[tuple[str, int]]) -> list[str]:
+        """Why the run cannot train these (strategy, workers) cells here, checked in seconds before
+        any data work: the strategy refusals, plus what a platform adds (e.g. a master it needs)."""
+        out = []
+        for strategy, workers in cells:
+            reason = self.strategy_refusal(config.strategy(strategy), workers)
+            if reason:
+                out.append(reason)
+        return out
+
+    def cleanup(self) -> list[int]:
+        """Stop what a failed or interrupted cell of this platform left running on this host;
+        returns the pids stopped. The default has nothing to stop (the launchers wait for their
+        process trees; ``pipelines.measure.signals`` takes them down on SIGTERM)."""
+        return []
+
+    def _hosts_by_cell(self) -> dict[Path, int]:
+        """Cell folder -> hosts its latest launch used (a platform's ``platform_fields`` reads it:
+        the cell's config says one node, the launch knows better)."""
+        if not hasattr(self, "_hosts_used"):
+            self._hosts_used: dict[Path, int] = {}
+        return self._hosts_used
+
+    def launch_on_hosts(self, spec: CellSpec, launch_time: float, hosts: list[Host]) -> None:
+        """Start the cell's ranks across ``hosts`` by the platform's own multi-node path."""
+        raise NotImplementedError(f"{self.name}: no multi-host launch yet")
+
+    def strategy_refusal(self, strategy: TrainingStrategy, world_size: int) -> str | None:
+        """Why this backend cannot run ``strategy`` on ``world_size`` workers, or None.
+
+        The shared loop (``pipelines.training.loop``) runs every strategy; a backend whose
+        framework wraps the model itself narrows this. bf16 compression needs NCCL (GPU hosts):
+        gloo refuses it in the first step, so it is refused here instead."""
+        if world_size == 1 and strategy.needs_process_group:
+            return (f"strategy {strategy.name!r} on {self.name} with 1 worker: not applicable (comm hooks, "
+                    "local SGD and FSDP shape how ranks communicate; a single worker has no one to talk to)")
+        from pipelines.platforms.torchrun import has_gpus
+
+        if strategy.comm_hook == "bf16" and not has_gpus():
+            return (f"strategy {strategy.name!r} on {self.name}: bf16 gradient compression needs NCCL on GPUs "
+                    "(torch's bf16_compress_hook refuses gloo); use fp16 on CPU hosts")
+        return None
+
+    def check_strategy(self, strategy: TrainingStrategy, world_size: int) -> None:
+        reason = self.strategy_refusal(strategy, world_size)
+        if reason:
+            raise UnsupportedStrategy(reason)
+
+    def spec(self, config: BenchmarkConfig, world_size: int, paths: RunPaths, cell: CellPaths,
+             repeat: int, strategy: str | None = None) -> CellSpec:
+        """The cell's contract: the config it trains with (``for_cell``: seed + repeat, batch
+        policy, scaled learning rate, its one strategy); the label set comes from the snapshot
+        manifest. A strategy this backend cannot run is refused here, before anything starts."""
+        cell_config = config.for_cell(world_size, repeat, strategy)
+        self.check_strategy(cell_config.strategy(), world_size)
+        return CellSpec(config=cell_config, run_root=Path(paths.root),
+                        cell_dir=cell.root, backend=self.name, world_size=world_size, repeat=repeat,
+                        labels=task_labels(read_manifest(paths)), platform_modules=platform_modules(cell_config))
+
+    def run(self, config: BenchmarkConfig, world_size: int, *, paths: RunPaths,
+            cell: CellPaths | None = None, repeat: int = 0, strategy: str | None = None,
+            hosts: list[Host] | None = None) -> CellResult:
+        """Train the cell; ``hosts``: across these machines (``launch_on_hosts``), else on this one."""
+        if world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {world_size}")
+        strategy = strategy or config.matrix.strategies[0].name
+        cell = cell or paths.cell(self.name, world_size, repeat, strategy)
+        spec = self.spec(config, world_size, paths, cell, repeat, strategy)  # bad input fails before the lock
+        with attempts.host_lock() as waited:
+            attempt = attempts.begin(cell, lock_wait_seconds=waited)
+            launch_time = attempt.start
+            try:
+                if hosts is not None and hasattr(hosts, "prepare"):
+                    hosts.prepare()  # e.g. the links shaped to this cell's network, under the lock
+                spec.write()
+                cell.worker_result.unlink(missing_ok=True)  # never mistake a previous attempt's file
+                log.info("%s: training %s on %d worker(s) (attempt %d)", self.name, cell.name, world_size,
+                         attempt.attempt)
+                # what the cell's processes use, ranks vs platform (pipelines.measure.resources; never fails the cell)
+                with resources.sample(cell, hosts, resources.daemons(self.name, paths)) as sampler:
+                    if hosts:
+                        with link_counters(hosts, cell.link_bytes), \
+                                faults.inject(config, cell, hosts, attempt.attempt, self.name):
+                            self.launch_on_hosts(spec, launch_time, hosts)
+                    else:
+                        self.launch(spec, launch_time)
+                if not cell.worker_result.exists():
+                    raise RuntimeError(f"{self.name}: the launcher returned but rank 0 wrote no "
+                                       f"{cell.worker_result}; see the launcher output / {cell.log}")
+                result = CellResult.read(cell.worker_result)
+            except BaseException as err:
+                attempts.end(cell, "failed", error=f"{type(err).__name__}: {err}"[-2000:])
+                stopped = self.cleanup()
+                if stopped:
+                    log.warning("%s: stopped %d process(es) the failed cell left: %s", self.name, len(stopped), stopped)
+                raise
+            history = attempts.end(cell, "ok", startup_seconds=result.startup_seconds)
+        result = result.model_copy(update={
+            "backend": Backend(self.name), "repeat": repeat, "attempts": history, **attempts.totals(history),
+            "phases": cell_phases(result, history),
+            **spec.config.strategy().result_fields(),
+            "timed_window": TimedWindow(start=launch_time, end=history[-1].end, lock_wait_seconds=waited),
+            "versions": {**result.versions, **self.versions()}, "data_feed": self.data_feed,
+            **self.platform_fields(spec), **_host_records(cell, result), "resources": sampler.usage(),
+            "fault": faults.record(cell, history, result.resumed_from_epoch),
+        })
+        result.write(cell.result)
+        tensorboard.write_events(result, cell)  # after the timed window: costs no cell any time
+        log.info("%s: %s done in %.1fs (start-up %.1fs, training %.1fs), test accuracy %.3f",
+                 self.name, cell.name, result.total_seconds, result.startup_seconds,
+                 result.training_seconds, result.test.accuracy if result.test else float("nan"))
+        return result
+
+    @abstractmethod
+    def launch(self, spec: CellSpec, launch_time: float) -> None:
+        """Run ``pipelines.training.worker`` (or an equivalent) on spec.world_size processes."""
+
+    def versions(self) -> dict[str, str]:
+        """Versions of the backend's own libraries, recorded in the result."""
+        return {}
+
+    def platform_fields(self, spec: CellSpec) -> dict:
+        """Backend-specific CellResult fields: ``platform_mode`` (how the platform ran, so a local
+        mode is never read as a cluster's overhead) and e.g. how Spark's session was started."""
+        return {}
+
+
+@contextmanager
+def link_counters(hosts: list[Host], out: Path) -> Iterator[None]:
+    """Write to ``out`` the bytes each host's interface sent and received while the block ran
+    (the kernel's counters, ``host.link_bytes()``), also when the launch failed."""
+    before = {h.name: h.link_bytes() for h in hosts}
+    try:
+        yield
+    finally:
+        moved = {}
+        for h in hosts:
+            try:
+                tx, rx = h.link_bytes()
+            except Exception as err:  # the host went away: say so, keep the cell's real error
+                log.warning("link bytes of %s unreadable after the launch: %s", h.name, err)
+                continue
+            moved[h.name] = {"tx": tx - before[h.name][0], "rx": rx - before[h.name][1]}
+        atomic_write_json(out, moved)
+
+
+def _host_records(cell: CellPaths, result: CellResult) -> dict:
+    """What a multi-host launch left in the cell folder: each rank's host (``placements.json``,
+    "<host> <address>" by rank, where the platform wrote one; else the ranks' own report) and
+    the bytes each host's link moved, in all and per optimizer step trained. None on one host."""
+    import json
+
+    out: dict = {}
+    if cell.placements.exists():
+        ranks = sorted(json.loads(cell.placements.read_text()), key=lambda p: p["rank"])
+        out["placements"] = [f"{p['host']} {p['address']}" for p in ranks]
+    if cell.link_bytes.exists():
+        moved = json.loads(cell.link_bytes.read_text())
+        out["link_bytes"] = moved
+        steps = (len(result.epochs) - result.resumed_from_epoch) * result.steps_per_epoch
+        if steps > 0:
+            out["link_bytes_per_step"] = sum(m["tx"] for m in moved.values()) / steps
+    return out

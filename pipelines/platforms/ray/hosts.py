@@ -1,0 +1,335 @@
+"""Ray Train across several hosts by Ray's own multi-node path: a Ray cluster built on them.
+
+``run_cell(config, paths, "ray", N, hosts=cluster.hosts)`` (e.g. the hosts of
+``pipelines.cluster.EmulatedCluster``) calls ``RayBackend.launch_on_hosts`` -> ``launch`` here:
+
+1. a Ray **head on hosts[0]** (``ray start --head --block``, its GCS on hosts[0]'s address and a
+   port free there) and, once it says it started, **one node per other host** (``ray start
+   --address=<head> --block``), each through ``host.run`` so every Ray process (GCS, raylet,
+   agents, the workers a raylet starts) lives in its host: its namespace and cgroups. Each node
+   has ``N / len(hosts)`` x ``threads_per_worker`` CPUs, a small object store and its own short
+   ``--temp-dir`` (``/tmp`` is shared by the hosts; Ray's socket paths must stay under ~107
+   characters). Token authentication is on, with a token made for the launch (a 0600 file on the
+   shared storage, ``RAY_AUTH_TOKEN_PATH``, removed afterwards). Their output goes to
+   ``<cell>/ray-hosts/<host>.log``;
+2. the **driver on hosts[0]** (the launching process may not reach the hosts):
+   ``python -m pipelines.platforms.ray.hosts --cell-dir ... --launch-time ... --address <head> --nodes k``,
+   its output teed to the cell's ``train.log``. It joins the cluster, waits until all ``k`` nodes
+   are alive, and runs the local path's ``TorchTrainer`` (``pipelines.platforms.ray.adapter.torch_trainer``)
+   with ``placement_strategy="STRICT_SPREAD"`` when there is one worker per host; gloo and
+   TensorPipe use the hosts' ``eth0`` (the workers' runtime env). A node that exits meanwhile
+   fails the launch at once;
+3. afterwards (success, failure, exception, KeyboardInterrupt) the driver is stopped if still
+   running, every ``ray start --block`` gets SIGTERM (it stops its node's processes, without
+   Ray's drain; no ``ray stop``, which would kill every Ray process of the machine), then
+   ``host.stop_processes`` takes whatever is left on each host, and the nodes' temp dirs are
+   removed (a failed launch first copies Ray's logs to ``<cell>/ray-hosts/<host>-logs``). That
+   happens after rank 0 wrote its result, so it is the cell's teardown phase.
+
+Each rank reports its own host (``pipelines.training.distributed.placement``): the raylets get
+``BENCHMARK_HOST`` from ``host.run`` and the workers they start inherit it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import logging
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pipelines.measure import signals
+from pipelines.training.cell import CellSpec
+from pipelines.platforms.torchrun import HOST_IFNAME, TAIL_LINES, free_port_on, host_nproc
+
+log = logging.getLogger(__name__)
+DAEMON_DIR = "ray-hosts"  # in the cell folder: each node's `ray start` output, Ray's logs of a failed launch
+READY = "Ray runtime started."  # `ray start` prints it once its node runs
+OBJECT_STORE_BYTES = 150 * 10**6  # per node (Ray's minimum is 75 MB): the loop passes paths, not data
+NODE_START_S = 180.0  # the head on one loaded core
+NODE_WAIT_S = 180.0  # the driver, until every node is alive
+NODE_STOP_S = 15.0  # `ray start --block` on SIGTERM stops its node's processes (graceful, then SIGKILL)
+# its drain first would wait for the node to go idle, which a head never does (Ray Train's detached
+# actors live there): 30 s of nothing after every cell. The driver is gone by then: no drain.
+NO_DRAIN = {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
+# Token authentication, always on with a token of the launch's own: left unset, `ray start --head`
+# turns it on whenever ~/.ray/auth_token exists (a local ray.init writes one) and a joining driver
+# does not, so the driver is refused ("InvalidAuthToken").
+OWN_ENV = ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+STOP_GRACE_S = 3.0  # SIGTERM -> SIGKILL for what the nodes' shutdown left on a host
+DRIVER_STOP_S = 10.0
+# the driver's output (workers' lines included, Ray prefixes them) is the cell's train.log: the
+# workers then add no file handler of their own (pipelines.platforms.ray.worker)
+DRIVER_LOG_ENV = "PIPELINES_RAY_DRIVER_LOG"
+
+
+def node_temp_dir(host: Any, pid: int | None = None) -> str:
+    """A node's own Ray temp folder: short (socket paths) and unique per launching process and host."""
+    return f"/tmp/rh{pid or os.getpid()}-{host.name}"
+
+
+def token_path(pid: int | None = None) -> str:
+    """The launch's Ray auth token (a file on the storage every host shares; removed by ``stop``)."""
+    return f"/tmp/rh{pid or os.getpid()}-auth"
+
+
+def node_argv(hosts: Sequence[Any], k: int, port: int, cpus: int, pid: int | None = None,
+              python: str = sys.executable) -> list[str]:
+    """``ray start --block`` for host ``k``: the head (GCS on ``port``) for k = 0, else a node joining it."""
+    host = hosts[k]
+    common = [f"--node-ip-address={host.address}", f"--num-cpus={cpus}",
+              f"--temp-dir={node_temp_dir(host, pid)}", f"--object-store-memory={OBJECT_STORE_BYTES}",
+              "--disable-usage-stats", "--block"]
+    ray = [python, "-m", "ray.scripts.scripts", "start"]
+    if k == 0:
+        return [*ray, "--head", f"--port={port}", "--include-dashboard=false", *common]
+    return [*ray, f"--address={hosts[0].address}:{port}", *common]
+
+
+def driver_argv(cell_dir: Path, launch_time: float, address: str, nodes: int,
+                python: str = sys.executable) -> list[str]:
+    return [python, "-m", "pipelines.platforms.ray.hosts", "--cell-dir", str(cell_dir),
+            "--launch-time", repr(launch_time), "--address", address, "--nodes", str(nodes)]
+
+
+def placement_strategy(world_size: int, n_hosts: int) -> str:
+    """One worker per host: STRICT_SPREAD (each on its own node, or none starts); else SPREAD."""
+    return "STRICT_SPREAD" if world_size == n_hosts else "SPREAD"
+
+
+def _ray_platform():
+    """The ray platform's module (through the registry: it imports this one to launch on hosts)."""
+    from pipelines import platforms
+
+    return sys.modules[type(platforms.adapter("ray")).__module__]
+
+
+def process_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Environment of the nodes and the driver: this project first on PYTHONPATH; none of the
+    launch's own Ray settings (``OWN_ENV``: the address is explicit, the token the launch's)."""
+    worker_env_vars = _ray_platform().worker_env_vars
+    env = {k: v for k, v in (os.environ if base is None else base).items() if k not in OWN_ENV}
+    env["PYTHONPATH"] = worker_env_vars(env)["PYTHONPATH"]
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env["PYTHONUNBUFFERED"] = "1"  # the tee shows each line as it comes
+    env["RAY_COLOR_PREFIX"] = "0"  # the workers' lines in the driver's output (train.log): no ANSI codes
+    return env
+
+
+def workers_runtime_env(base: Mapping[str, str] | None = None, ifname: str = HOST_IFNAME) -> dict:
+    """The Ray Train workers' runtime env: the local path's, plus gloo / TensorPipe / NCCL on the
+    hosts' interface (left to itself gloo picks the one the host name resolves to)."""
+    env = _ray_platform().worker_env_vars(dict(os.environ if base is None else base))
+    env.update(GLOO_SOCKET_IFNAME=ifname, TP_SOCKET_IFNAME=ifname, NCCL_SOCKET_IFNAME=ifname)
+    env[DRIVER_LOG_ENV] = "1"
+    return {"env_vars": env}
+
+
+class Output:
+    """A process's output teed to a log file and to this process's stdout (``[label]`` prefix),
+    its last lines kept; ``ready`` is set once a line contains ``marker``."""
+
+    def __init__(self, proc: subprocess.Popen, log_path: Path, label: str, marker: str | None = None):
+        self.proc, self.label, self.marker = proc, label, marker
+        self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._tee, args=(log_path,), daemon=True)
+        self.thread.start()
+
+    def _tee(self, log_path: Path) -> None:
+        with open(log_path, "a") as log_file:
+            for line in self.proc.stdout:  # type: ignore[union-attr]
+                log_file.write(line)
+                log_file.flush()
+                self.tail.append(line)
+                sys.stdout.write(f"[{self.label}] {line}")
+                if self.marker and self.marker in line:
+                    self.ready.set()
+
+    def text(self) -> str:
+        return "".join(self.tail)
+
+
+def project_root() -> str:
+    return _ray_platform().project_root()
+
+
+def _start(host: Any, argv: list[str], env: dict[str, str], log_path: Path, label: str,
+           marker: str | None = None) -> Output:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log.info("ray: starting on %s (%s): %s", host.name, host.address, " ".join(argv))
+    proc = host.run(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    text=True, cwd=project_root())
+    return Output(proc, log_path, label, marker)
+
+
+class RayOnHosts:
+    """The cell's Ray cluster on ``hosts``: ``start`` (head, then the other nodes), ``drive``
+    (the driver on hosts[0], supervised), ``stop`` (everything, always)."""
+
+    def __init__(self, spec: CellSpec, hosts: Sequence[Any]):
+        self.spec, self.hosts = spec, list(hosts)
+        self.cpus = host_nproc(spec.world_size, len(self.hosts)) * spec.config.training.threads_per_worker
+        self.folder = spec.cell_dir / DAEMON_DIR
+        self.token = token_path()
+        self.env = {**process_env(), "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": self.token}
+        self.nodes: list[Output] = []
+        self.driver: Output | None = None
+
+    def start(self, timeout_s: float = NODE_START_S) -> str:
+        """Start the head, wait until it runs, start the other nodes (the driver waits for those);
+        returns the head's GCS address."""
+        for host in self.hosts:
+            shutil.rmtree(node_temp_dir(host), ignore_errors=True)  # an earlier attempt's
+        Path(self.token).unlink(missing_ok=True)
+        with os.fdopen(os.open(self.token, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+            f.write(secrets.token_hex(32))  # as `ray get-auth-token --generate`
+        port = free_port_on(self.hosts[0])
+        env = {**self.env, **NO_DRAIN}
+        head = _start(self.hosts[0], node_argv(self.hosts, 0, port, self.cpus), env,
+                      self.folder / f"{self.hosts[0].name}.log", f"{self.hosts[0].name} ray", READY)
+        self.nodes.append(head)
+        deadline = time.monotonic() + timeout_s
+        while not head.ready.wait(0.2):
+            if head.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"ray: the head on {self.hosts[0].name} did not start within "
+                                   f"{timeout_s:.0f}s (exit code {head.proc.poll()}); last lines:\n"
+                                   f"{head.text()}")
+        for k, host in enumerate(self.hosts[1:], start=1):
+            self.nodes.append(_start(host, node_argv(self.hosts, k, port, self.cpus), env,
+                                     self.folder / f"{host.name}.log", f"{host.name} ray", READY))
+        return f"{self.hosts[0].address}:{port}"
+
+    def drive(self, launch_time: float, address: str, poll_s: float = 0.2) -> None:
+        """Run the driver on hosts[0] to completion; raise with its tail when it fails, or with a
+        node's when one exits first."""
+        argv = driver_argv(self.spec.cell_dir, launch_time, address, len(self.hosts))
+        head = self.hosts[0]
+        self.driver = _start(head, argv, self.env, self.spec.cell.log, f"{head.name} driver")
+        while self.driver.proc.poll() is None:
+            for host, node in zip(self.hosts, self.nodes):
+                if node.proc.poll() is not None:
+                    raise RuntimeError(f"ray: the node on {host.name} exited with {node.proc.returncode} "
+                                       f"while the driver ran (log: {self.folder / host.name}.log); last "
+                                       f"lines:\n{node.text()}")
+            time.sleep(poll_s)
+        self.driver.thread.join(10)
+        if self.driver.proc.returncode != 0:
+            raise RuntimeError(f"ray: the driver on {head.name} exited with {self.driver.proc.returncode} "
+                               f"(full log: {self.spec.cell.log}); last lines:\n{self.driver.text()}")
+
+    def stop(self, keep_logs: bool = False) -> dict[str, list[int]]:
+        """Stop the driver and every node, then whatever is left on each host; remove the nodes'
+        temp dirs. Returns, per host, the pids that outlived the nodes' own shutdown."""
+        start = time.perf_counter()
+        if self.driver is not None and self.driver.proc.poll() is None:
+            _terminate([self.driver.proc], DRIVER_STOP_S)
+        _terminate([n.proc for n in self.nodes], NODE_STOP_S)  # each stops its own node
+        left = {h.name: h.stop_processes(STOP_GRACE_S) for h in self.hosts
+                if hasattr(h, "stop_processes")}  # what outlived its node's shutdown
+        for out in [*self.nodes, *([self.driver] if self.driver else [])]:
+            out.thread.join(5)
+        for host in self.hosts:
+            if keep_logs:
+                _copy_logs(Path(node_temp_dir(host)), self.folder / f"{host.name}-logs")
+            shutil.rmtree(node_temp_dir(host), ignore_errors=True)
+        Path(self.token).unlink(missing_ok=True)
+        log.info("ray: nodes on %d host(s) stopped in %.1fs%s", len(self.hosts), time.perf_counter() - start,
+                 f"; killed what outlived them: {left}" if any(left.values()) else "")
+        return left
+
+
+def _terminate(procs: Sequence[subprocess.Popen], grace_s: float) -> None:
+    """SIGTERM the live ones, wait up to ``grace_s`` for all, SIGKILL the rest (and reap them)."""
+    live = [p for p in procs if p.poll() is None]
+    for proc in live:
+        proc.terminate()
+    deadline = time.monotonic() + grace_s
+    for proc in live:
+        try:
+            proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+def _copy_logs(temp_dir: Path, target: Path) -> None:
+    logs = temp_dir / "session_latest" / "logs"
+    try:
+        shutil.copytree(logs, target, dirs_exist_ok=True, ignore_dangling_symlinks=True)
+    except (OSError, shutil.Error) as err:
+        log.warning("ray: could not keep %s: %s", logs, err)
+
+
+def launch(spec: CellSpec, launch_time: float, hosts: Sequence[Any]) -> None:
+    """The cell across ``hosts`` (module docstring); every node is stopped whatever happens."""
+    host_nproc(spec.world_size, len(hosts))  # a bad split, before anything starts
+    cluster = RayOnHosts(spec, hosts)
+    failed = True
+    try:
+        cluster.drive(launch_time, cluster.start())
+        failed = False
+    finally:
+        cluster.stop(keep_logs=failed)
+
+
+def wait_for_nodes(count: int, timeout_s: float = NODE_WAIT_S, poll_s: float = 0.5) -> list[dict]:
+    """The cluster's alive nodes once there are ``count`` (in the driver, after ``ray.init``)."""
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive = [n for n in ray.nodes() if n.get("Alive")]
+        if len(alive) >= count:
+            log.info("ray: %d node(s) alive: %s", len(alive), sorted(n["NodeManagerAddress"] for n in alive))
+            return alive
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"ray: only {len(alive)} of {count} node(s) alive after {timeout_s:.0f}s "
+                               f"({sorted(n['NodeManagerAddress'] for n in alive)}); see the nodes' logs in "
+                               f"<cell>/{DAEMON_DIR}/")
+        time.sleep(poll_s)
+
+
+def drive(cell_dir: str, launch_time: float, address: str, nodes: int,
+          node_wait_s: float = NODE_WAIT_S) -> None:
+    """The driver on hosts[0]: join the cluster, wait for its nodes, run the cell's TorchTrainer."""
+    import ray
+
+    fit, torch_trainer = _ray_platform().fit, _ray_platform().torch_trainer
+    spec = CellSpec.read(cell_dir)
+    runtime_env = workers_runtime_env()
+    handlers = signals.RaiseOnceHandlers("Ray's cluster shut down")  # as in RayBackend.launch
+    try:
+        log.info("ray: joining the cluster at %s", address)
+        ray.init(address=address, runtime_env=runtime_env)
+        handlers.raise_once()
+        wait_for_nodes(nodes, node_wait_s)
+        strategy = placement_strategy(spec.world_size, nodes)
+        fit(torch_trainer(spec, launch_time, runtime_env, placement_strategy=strategy), handlers)
+    finally:
+        ray.shutdown()
+        handlers.restore()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cell-dir", required=True)
+    parser.add_argument("--launch-time", type=float, required=True)
+    parser.add_argument("--address", required=True, help="the head's GCS, host:port")
+    parser.add_argument("--nodes", type=int, required=True, help="wait until this many nodes are alive")
+    parser.add_argument("--node-wait-s", type=float, default=NODE_WAIT_S)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s driver: %(message)s")
+    drive(args.cell_dir, args.launch_time, args.address, args.nodes, args.node_wait_s)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""What both Spark TorchDistributor platforms share (``spark``: the files feed, ``spark_dataframe``:
+the rows through Spark): the cell's own SparkSession inside the timed window, TorchDistributor's
+settings, Spark's GPU resources and the task-slot check. The backends pass their own training
+step to ``run_distributor``.
+
+``local_mode`` follows the master: ``local[...]`` -> local mode (torchrun on the driver);
+any other master (``spark://host:7077``) -> barrier mode, one torchrun per Spark task, which
+needs the project importable and pandas/pyarrow on the executors (``spark_env`` handles a
+single machine). Barrier mode with more processes than task slots hangs silently in Spark,
+so the slots are checked first (after giving a just-started session's executors up to
+``SLOT_WAIT_S`` to register) and a ``RuntimeError`` names both numbers.
+
+On a GPU host the cell's session is given Spark's GPU resources (``gpu_conf``: the driver's
+GPUs in local mode; one GPU per executor task on a cluster, whose workers must advertise
+theirs with ``spark.worker.resource.gpu.amount`` + the same discovery script), found by
+``backends/spark_gpu_discovery.sh`` (nvidia-smi; ``SPARK_GPU_DISCOVERY_SCRIPT`` names another),
+so TorchDistributor(use_gpu=True) accepts the task count and each rank gets its own GPU.
+
+Across launch hosts (``run_cell(..., hosts=...)``) the driver runs on the first host
+(``pipelines.platforms.spark.hosts``) and passes its cluster's master and the hosts' settings to
+``run_distributor``; ``platform_fields`` then says ``cluster-<k>-hosts``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from pipelines.training.cell import CellSpec
+from pipelines.config import BenchmarkConfig
+from pipelines.engines.spark_cluster import master_url
+from pipelines.engines.spark_session import get_spark, stop_spark
+
+log = logging.getLogger(__name__)
+SLOT_WAIT_S = 60.0  # executors of a new session register within seconds on a healthy cluster
+# shipped as package data under backends/ (pyproject.toml: "backends/*.sh")
+DISCOVERY_SCRIPT = Path(__file__).parent / "gpu_discovery.sh"
+# train(spark, distributor, spec, launch_time): runs the cell's ranks through the distributor
+TrainStep = Callable[[object, object, CellSpec, float], None]
+
+
+def distributor_settings(config: BenchmarkConfig, world_size: int, cuda: bool, master: str | None = None) -> dict:
+    """Keyword arguments for ``TorchDistributor`` (pure: testable without Spark); ``master``: the
+    URL the session uses when it is not the configured one (a cluster across hosts)."""
+    master = master or config.engine("spark").master
+    return {"num_processes": world_size, "local_mode": master.startswith("local"), "use_gpu": cuda}
+
+
+def gpu_conf(local_mode: bool, gpus: int, discovery_script: str | None = None) -> dict[str, str]:
+    """Spark resource settings for TorchDistributor(use_gpu=True) (pure: testable without GPUs).
+
+    Local mode: the driver owns ``gpus`` GPUs (TorchDistributor gives one to each process).
+    Cluster: each executor task takes one GPU (``spark.task.resource.gpu.amount=1``)."""
+    script = discovery_script or os.environ.get("SPARK_GPU_DISCOVERY_SCRIPT") or str(DISCOVERY_SCRIPT)
+    if local_mode:
+        return {"spark.driver.resource.gpu.amount": str(gpus),
+                "spark.driver.resource.gpu.discoveryScript": script}
+    return {"spark.executor.resource.gpu.amount": "1", "spark.task.resource.gpu.amount": "1",
+            "spark.executor.resource.gpu.discoveryScript": script}
+
+
+def check_task_slots(num_processes: int, slots: int, master: str) -> None:
+    if num_processes > slots:
+        raise RuntimeError(
+            f"TorchDistributor barrier mode needs {num_processes} concurrent Spark tasks but "
+            f"{master} offers {slots} task slot(s); Spark would wait forever. Use fewer workers "
+            "or a cluster with more executor cores.")
+
+
+def task_slots(spark, needed: int = 1, wait_s: float | None = None) -> int:
+    """Concurrent tasks the cluster can run now (registered executor cores / task cpus).
+
+    Executors register a few seconds after the session starts: wait up to ``wait_s`` for
+    ``needed`` slots (default ``SLOT_WAIT_S``) before answering (defaultParallelism says 2
+    even with no executor registered).
+    """
+    sc = spark.sparkContext
+    if sc.master.startswith("local"):
+        return sc.defaultParallelism // max(1, int(spark.conf.get("spark.task.cpus", "1")))
+    jsc = sc._jsc.sc()  # the scheduler's own count, the one its barrier check uses
+    deadline = time.monotonic() + (SLOT_WAIT_S if wait_s is None else wait_s)
+    while True:
+        slots = jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile())
+        if slots >= needed or time.monotonic() >= deadline:
+            return slots
+        time.sleep(0.5)
+
+
+def run_distributor(spec: CellSpec, launch_time: float, train: TrainStep, master: str | None = None,
+                    conf: dict[str, str] | None = None) -> None:
+    """Start the cell's own SparkSession, check the slots, ``train(spark, TorchDistributor(...),
+    spec, launch_time)``, stop the session.
+
+    A session of its own, started inside the timed window and stopped after it: the same
+    start-up cost whoever runs the cell (no reuse of the data stage's or a previous cell's).
+    ``master`` / ``conf``: another master than the configured one and extra session settings
+    (the driver of a cell across hosts, ``pipelines.platforms.spark.hosts``)."""
+    import torch
+    from pyspark.ml.torch.distributor import TorchDistributor
+
+    settings = distributor_settings(spec.config, spec.world_size, torch.cuda.is_available(), master=master)
+    gpus = gpu_conf(settings["local_mode"], torch.cuda.device_count()) if settings["use_gpu"] else {}
+    # the platform's own recovery: a failed (barrier) task is tried again (matrix.platform_retries)
+    retries = {"spark.task.maxFailures": str(spec.config.matrix.platform_retries + 1)}
+    conf = {**gpus, **retries, **(conf or {})}
+    master = master or master_url(spec.config, spec.paths)  # "embedded": the run's own standalone cluster
+    spark = get_spark(master, app_name=f"train-{spec.cell_dir.name}", conf=conf, fresh=True)
+    try:
+        if not settings["local_mode"]:
+            check_task_slots(spec.world_size, task_slots(spark, spec.world_size), master)
+        log.info("TorchDistributor(%s) on %s", settings, master)
+        train(spark, TorchDistributor(**settings), spec, launch_time)
+    finally:
+        stop_spark()
+
+
+def platform_fields(spec: CellSpec, hosts: int | None = None) -> dict:
+    """A fresh session per cell; ``platform_mode`` local (torchrun on the driver), cluster, or
+    cluster-<k>-hosts (a standalone cluster built on ``hosts`` launch hosts: pipelines.platforms.spark.hosts)."""
+    if hosts:
+        return {"spark_session": "fresh", "platform_mode": f"cluster-{hosts}-hosts"}
+    local = distributor_settings(spec.config, spec.world_size, cuda=False)["local_mode"]
+    return {"spark_session": "fresh", "platform_mode": "local" if local else "cluster"}
+
+
+def versions(launcher: str = "TorchDistributor") -> dict[str, str]:
+    import pyspark
+
+    return {"pyspark": pyspark.__version__, "launcher": launcher}

@@ -1,0 +1,79 @@
+"""Training backends behind one interface, and ``run_cell``, the entry point of a cell.
+
+    from pipelines.run.cells import run_cell
+    result = run_cell(config, paths, Backend.DDP, workers=2, repeat=0)
+
+``run_cell`` writes ``cells/<backend>[-<strategy>][-<network>]-w<N>-r<repeat>/result.json``; on failure it writes a
+result with ``status="failed"`` and the reason, then re-raises. Adding a platform = one module
+``pipelines/backends/<name>.py`` defining one ``TrainingBackend`` subclass decorated with
+``@pipelines.platforms.register`` (the registry finds every module here). Heavy libraries
+(torch, pyspark, determined, ray) are imported only when a cell runs, so importing this
+package is cheap (Airflow DAG parsing).
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from typing import TYPE_CHECKING
+
+from pipelines import platforms
+from pipelines.measure import attempts, faults
+from pipelines.config import Backend, BenchmarkConfig
+from pipelines.runfolder.paths import DEFAULT_NETWORK, DEFAULT_STRATEGY, RunPaths
+from pipelines.runfolder.results import CellResult
+
+if TYPE_CHECKING:
+    from pipelines.platforms.contract import TrainingBackend
+
+log = logging.getLogger(__name__)
+
+
+def get_backend(backend: str) -> "TrainingBackend":
+    """The adapter of ``backend`` (``pipelines.platforms``)."""
+    return platforms.adapter(backend)
+
+
+def run_cell(config: BenchmarkConfig, paths: RunPaths, backend: Backend, workers: int,
+             repeat: int = 0, strategy: str = DEFAULT_STRATEGY, hosts: list | None = None,
+             network: str = DEFAULT_NETWORK, cluster: str = "local") -> CellResult:
+    """Train one cell; always leaves a result.json (ok or failed) in the cell folder.
+
+    ``strategy`` names one of ``config.matrix.strategies``; a strategy the backend cannot run at this
+    worker count is refused (``UnsupportedStrategy``, recorded as the cell's failure) before
+    the cell starts. ``hosts``: the machines the ranks run on (``pipelines.cluster``), linked by
+    ``network``; None = this host."""
+    cell = paths.cell(backend, workers, repeat, strategy, network)
+    where = {"network": network, "cluster": cluster}
+    try:
+        result = get_backend(backend).run(config, workers, paths=paths, cell=cell, repeat=repeat,
+                                          strategy=strategy, hosts=hosts)
+        if (result.network, result.cluster) != (network, cluster):
+            result = result.model_copy(update=where)
+            result.write(cell.result)
+        return result
+    except BaseException as err:  # KeyboardInterrupt / task kill too: record why, then re-raise
+        reason = f"{type(err).__name__}: {err}".strip()
+        log.error("cell %s failed: %s\n%s", cell.name, reason, traceback.format_exc())
+        history = attempts.read(cell)
+        known = {s.name: s for s in config.matrix.strategies}
+        CellResult(backend=backend, world_size=workers, repeat=repeat, status="failed",
+                   **(known[strategy].result_fields() if strategy in known else {"strategy": strategy}),
+                   error=reason[-4000:], model_name=config.training.model_source,
+                   seed=config.training.seed + repeat, max_seq_len=config.data.max_seq_len, **where,
+                   attempts=history, **attempts.totals(history),
+                   fault=faults.record(cell, history, 0)).write(cell.result)
+        raise
+
+
+def preflight_problems(config: BenchmarkConfig, cells: list[tuple[str, str, int]] | None = None) -> list[str]:
+    """What each platform finds wrong with its (backend, strategy, workers) cells, before any
+    work; ``cells`` None = every cell of the run."""
+    wanted = cells if cells is not None else sorted({(b, s, n) for b, s, _, n, _ in config.cells()})
+    out = []
+    for backend in dict.fromkeys(b for b, _, _ in wanted):
+        out += get_backend(backend).preflight(config, [(s, n) for b, s, n in wanted if b == backend])
+    return out
+
+
+__all__ = ["Backend", "get_backend", "preflight_problems", "run_cell"]

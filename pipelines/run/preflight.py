@@ -1,0 +1,91 @@
+"""Cheap checks before expensive stages, so a doomed run fails in seconds, not after the data stage.
+
+    problems = preflight.problems(config)                 # [] when the run can start
+    preflight.check(config, cells=[("ddp", "default", 2)])  # only the cell a `train` trains
+
+Checks: worker counts, what each platform checks for its cells (``TrainingBackend.preflight``:
+the strategies it can run, a Spark master with executors for the dataframe feed), that the tokenizer and the model's config load from their
+sources, that the output root is writable, and that its disk has room for an estimate of what the
+run writes (snapshot, token shards, two checkpoints and a model per cell). Called by the CLI
+before the data stage and by the DAG's prepare_run before the run folder exists.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from pipelines.config import BenchmarkConfig, ConfigError
+
+CHECKPOINT_MB = 55.0  # BERT-tiny weights + AdamW state, as written (measured: ~52 MB)
+MODEL_MB = 18.0  # the exported Hugging Face model per cell
+BYTES_PER_TOKEN = 5  # int32 id + int8 mask
+SOURCE_ROWS = 50_000  # IMDB's train + test when no sample size is given
+
+
+def estimate_mb(config: BenchmarkConfig) -> float:
+    rows = (config.data.train_samples or SOURCE_ROWS // 2) + (config.data.test_samples or SOURCE_ROWS // 2)
+    snapshot = rows * 1.4e-3  # ~1.3 KB of text per review (parquet, compressed)
+    tokens = rows * config.data.max_seq_len * BYTES_PER_TOKEN / 2**20
+    cells = len(config.cells())
+    return snapshot + tokens + cells * (2 * CHECKPOINT_MB + MODEL_MB)
+
+
+def problems(config: BenchmarkConfig, cells: list[tuple[str, str, int]] | None = None) -> list[str]:
+    """Every reason the run (or only ``cells``: (backend, strategy, workers)) cannot start."""
+    out = [f"workers: {n} is not a worker count (>= 1)" for _, _, n in cells or [] if n < 1]
+    out += _cluster_problems(config)
+    if not out:
+        from pipelines.run.cells import preflight_problems
+
+        out += preflight_problems(config, cells)  # e.g. powersgd on determined: refused before any work
+    try:
+        from pipelines.data.tokens import load_tokenizer
+
+        load_tokenizer(config.data.tokenizer_source)
+    except OSError as err:
+        out.append(str(err))
+    try:
+        from transformers import AutoConfig
+
+        AutoConfig.from_pretrained(config.training.model_source)
+    except (OSError, ValueError) as err:
+        out.append(f"model_source={config.training.model_source!r}: no model config can be loaded from it ({err}); "
+                   "give a reachable/cached hub id or a folder with config.json (weights optional)")
+    root = Path(config.tracking.output_root)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=root, prefix=".write-check-"):
+            pass
+    except OSError as err:
+        out.append(f"output_root={str(root)!r} is not writable ({err})")
+    else:
+        free_mb = shutil.disk_usage(root).free / 2**20
+        need = estimate_mb(config)
+        if free_mb < need:
+            out.append(f"output_root={str(root)!r}: {free_mb:.0f} MB free, the run needs about {need:.0f} MB "
+                       "(snapshot, token shards, checkpoints and models); free space or point it elsewhere")
+    return out
+
+
+def check(config: BenchmarkConfig, cells: list[tuple[str, str, int]] | None = None) -> None:
+    found = problems(config, cells)
+    if found:
+        raise ConfigError("the run cannot start:\n  " + "\n  ".join(found))
+
+
+def _cluster_problems(config: BenchmarkConfig) -> list[str]:
+    """The cluster the run asks for: can it be built here, can it place every worker count."""
+    if config.matrix.fault == "host_loss" and config.cluster.kind != "emulated":
+        return ["matrix.fault=host_loss kills a host's processes through its cgroups: it needs an emulated cluster "
+                "(cluster.kind=emulated, e.g. the cluster profile)"]
+    if config.cluster.kind == "local":
+        return []
+    from pipelines.cluster import why_unavailable
+    from pipelines.cluster.lifecycle import worker_count_problems
+
+    out = worker_count_problems(config)
+    if config.cluster.kind == "emulated" and (reason := why_unavailable()):
+        out.append(f"cluster.kind=emulated: no emulated cluster can be built on this machine: {reason}")
+    return out

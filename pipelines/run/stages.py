@@ -1,0 +1,230 @@
+"""The benchmark's steps as plain functions of a run folder (Kedro-style nodes).
+
+The Airflow DAG runs one task per function and passes only the run folder (a path) between
+them; ``python -m pipelines run`` calls the same functions in order: ``prepare_run`` (config +
+preflight + run folder), the data steps, ``train_cell`` for every planned cell (one retry
+policy), then ``pipelines.run.runner``'s steps. Every step reads the
+resolved config from ``<run_dir>/config.json``, so any step can be retried on its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from pipelines.config import BenchmarkConfig, load_config, read_config, save_config
+from pipelines.runfolder.paths import DEFAULT_STRATEGY, CellPaths, RunPaths, cell_name, safe_run_id
+
+log = logging.getLogger(__name__)
+RETRY_DELAY_S = 2.0  # between a failed try of a cell and its retry
+
+
+def _load(run_dir: str | Path, tracking_uri: str | None = None) -> tuple[BenchmarkConfig, RunPaths]:
+    """Config of the run folder; ``tracking_uri`` re-points MLflow (e.g. after losing a server)."""
+    paths = RunPaths(Path(run_dir))
+    config = read_config(paths.config)
+    if tracking_uri:
+        config = config.model_copy(update={"tracking.mlflow_tracking_uri": tracking_uri})
+    return config, paths
+
+
+def prepare_run(profile: str, overrides: dict[str, Any] | None, run_id: str,
+                cells: list[tuple[str, str, int]] | None = None) -> str:
+    """Resolve the config, check it (``pipelines.run.preflight``: only ``cells``, (backend, strategy,
+    workers), when given; else every cell of the run) and create ``<output_root>/<run_id>/config.json``.
+    Returns run_dir. The CLI and the DAG both start a run with this.
+
+    Idempotent for the same inputs (a retried task writes the same file).
+    """
+    from pipelines.run import preflight
+
+    config = load_config(profile, overrides)
+    preflight.check(config, cells)  # seconds, before any data work
+    root = Path(config.tracking.output_root).resolve()
+    paths = RunPaths(root / safe_run_id(run_id))
+    if paths.root.resolve().parent != root:  # safe_run_id never allows it; keep it that way
+        raise ValueError(f"run id {run_id!r} would leave the output root {root}")
+    if paths.config.exists():  # a retried task: same config, and its time of birth is kept
+        if read_config(paths.config) != config:
+            raise FileExistsError(f"{paths.root} already holds a run with a different config")
+    else:
+        save_config(config, paths.config)
+    log.info("run folder %s, config:\n%s", paths.root, config.to_json())
+    return str(paths.root)
+
+
+def check_run(run_dir: str, cells: list[tuple[str, str, int]] | None = None) -> None:
+    """The preflight of an existing run folder (a resumed run)."""
+    from pipelines.run import preflight
+
+    preflight.check(_load(run_dir)[0], cells)
+
+
+def ingest(run_dir: str) -> dict:
+    from pipelines.data.ingest import ingest as _ingest
+
+    return _ingest(*_load(run_dir))
+
+
+def validate_snapshot(run_dir: str) -> dict:
+    from pipelines.data.validate import validate_snapshot as _validate
+
+    return _validate(*_load(run_dir))
+
+
+def preprocess(run_dir: str) -> dict:
+    from pipelines.data.preprocess import preprocess as _preprocess
+
+    return _preprocess(*_load(run_dir))
+
+
+def validate_tokens(run_dir: str) -> dict:
+    from pipelines.data.validate import validate_tokens as _validate
+
+    return _validate(*_load(run_dir))
+
+
+def data_stage(run_dir: str) -> dict:
+    """ingest -> validate -> preprocess -> validate tokens; stops at the first failure."""
+    return {
+        "ingest": ingest(run_dir),
+        "validate_snapshot": validate_snapshot(run_dir),
+        "preprocess": preprocess(run_dir),
+        "validate_tokens": validate_tokens(run_dir),
+    }
+
+
+def planned_cells(run_dir: str) -> list[tuple[str, str, str, int, int]]:
+    """Every (backend, strategy, network, workers, repeat) of the run (Backend is a str: JSON-friendly)."""
+    config, _ = _load(run_dir)
+    return config.cells()
+
+
+def completed_result(cell: CellPaths):
+    """The cell's result if it finished (status ok, last attempt ok), else None."""
+    from pipelines.runfolder.results import CellResult
+
+    if not cell.result.exists():
+        return None
+    try:
+        result = CellResult.read(cell.result)
+    except ValueError:
+        return None
+    done = result.status == "ok" and (not result.attempts or result.attempts[-1].outcome == "ok")
+    return result if done else None
+
+
+def train_cell(run_dir: str, backend: str, workers: int, repeat: int = 0,
+               node_rank: int | None = None, force: bool = False, strategy: str = DEFAULT_STRATEGY,
+               network: str | None = None) -> dict:
+    """Train one (backend, strategy, network, workers, repeat) cell; writes cells/<cell>/result.json.
+
+    ``strategy``: the name of one of the run's ``strategies`` (``"default"``, ``"powersgd-r2"``);
+    ``network``: one of the run's networks (None = its first): on a cluster the cell's ranks run on
+    its hosts (``pipelines.cluster.lifecycle``) with the links shaped to it.
+    A failed cell is trained again up to ``matrix.cell_retries`` times, each retry resuming from
+    its last checkpoint: the one retry policy of the CLI and the DAG. A signal (SIGTERM, Ctrl-C)
+    is never retried.
+
+    A cell that already finished is skipped (its result stands); ``force`` deletes the cell
+    folder and trains it from scratch. An unfinished cell resumes from its last checkpoint
+    (``run --run-dir``). ``node_rank`` (multi-node ddp): this machine's rank; every node runs
+    the same cell.
+    """
+    config, paths = _load(run_dir)
+    config.strategy(strategy)  # a name the run does not have is refused before anything happens
+    network = network or config.networks()[0]
+    if network not in config.networks():
+        raise ValueError(f"network {network!r} is not one of this run's networks ({', '.join(config.networks())})")
+    cell = paths.cell(backend, workers, repeat, strategy, network)
+    if force:
+        shutil.rmtree(cell.root, ignore_errors=True)
+    elif (done := completed_result(cell)) is not None:
+        log.info("%s already finished (%s): skipped; --force trains it again", cell.name, cell.result)
+        return {"cell": cell.name, "status": done.status, "total_seconds": done.total_seconds, "skipped": True}
+    if node_rank is not None:
+        config = config.model_copy(update={"engines.ddp.node_rank": node_rank})
+    retries = config.matrix.cell_retries
+    for tries in range(retries + 1):
+        try:
+            result = _train_once(config, paths, backend, workers, repeat, strategy, network)
+            break
+        except Exception as err:  # CellTerminated (a signal) is a BaseException: never retried
+            if tries == retries:
+                raise
+            log.warning("cell %s failed (%s); retry %d of %d resumes from its last checkpoint",
+                        cell.name, err, tries + 1, retries)
+            time.sleep(RETRY_DELAY_S)
+    return {"cell": cell.name, "status": result.status, "total_seconds": result.total_seconds,
+            "skipped": False, "tries": tries + 1}
+
+
+def _train_once(config: BenchmarkConfig, paths: RunPaths, backend: str, workers: int, repeat: int,
+                strategy: str, network: str):
+    from pipelines.run.cells import run_cell
+    from pipelines.cluster.lifecycle import hosts_for_cell
+    from pipelines.measure.signals import terminate_tree_on_signal
+    from pipelines.tracking.runs import cell_tracking
+
+    hosts = hosts_for_cell(paths, config, workers, network)
+    where = {"hosts": hosts, "network": network, "cluster": config.cluster.kind}
+    with terminate_tree_on_signal():  # SIGTERM/SIGINT: no orphan keeps training, the cell fails
+        if config.engine("ddp").node_rank > 0:  # node 0 tracks the cell; other nodes only lend processes
+            return run_cell(config, paths, backend, workers, repeat, strategy, **where)
+        with cell_tracking(config, paths, backend, workers, repeat, strategy, network):
+            return run_cell(config, paths, backend, workers, repeat, strategy, **where)
+
+
+def train_cells(run_dir: str, force: bool = False) -> list[str]:
+    """Every planned cell of the run in order, each with ``train_cell``'s retries; a cell that
+    still fails is recorded (result.json) and the others go on. Returns the failed cells' names."""
+    failed = []
+    for backend, strategy, network, workers, repeat in planned_cells(run_dir):
+        try:
+            train_cell(run_dir, backend, workers, repeat, force=force, strategy=strategy, network=network)
+        except Exception as err:
+            name = cell_name(backend, workers, repeat, strategy, network)
+            log.error("cell %s failed: %s", name, err)
+            failed.append(name)
+    return failed
+
+
+def evaluate(run_dir: str) -> dict:
+    """Read every cell's result.json: time-to-accuracy, aggregates -> report/summary.json.
+
+    Failed cells are part of the summary; a run where no cell wrote any result is an error
+    (the data stage or every cell died before training: there is nothing to report).
+    """
+    from pipelines.run.evaluation import evaluate_run
+
+    config, paths = _load(run_dir)
+    if not paths.cell_results():
+        raise RuntimeError(f"no training cell wrote a result under {paths.cells}: the data stage or "
+                           "every cell failed before writing one; see the training logs")
+    summary = evaluate_run(config, paths)
+    return {"summary": str(paths.summary), "status": summary.status, "cells": len(summary.cells),
+            "failed": [f.cell for f in summary.failed]}
+
+
+def report(run_dir: str) -> dict:
+    """Comparison table and plots -> report/report.{html,md}, *.png."""
+    from pipelines.report import build_report
+
+    return build_report(*_load(run_dir))
+
+
+def track(run_dir: str, tracking_uri: str | None = None) -> dict:
+    """Log the run folder to MLflow (parent + nested runs). Idempotent; files stay the truth."""
+    from pipelines.tracking.runs import log_benchmark
+
+    return log_benchmark(*_load(run_dir, tracking_uri))
+
+
+def check_regression(run_dir: str, tracking_uri: str | None = None) -> dict:
+    """Compare with the baseline run in MLflow; raise on a regression or on failed cells."""
+    from pipelines.tracking.regression import check_regression as _check
+
+    return _check(*_load(run_dir, tracking_uri))

@@ -1,0 +1,224 @@
+"""The one result record every backend writes: ``cells/<cell>/result.json``.
+
+Written locally first by the training cell; evaluation, MLflow logging and the report read
+these files, so a lost tracking server loses nothing. The timing fields are filled from one
+``pipelines.training.record.TrainingRecord`` whatever the backend, so they mean the same
+thing everywhere (see that module for the definition of each phase).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from pipelines.config import Backend
+from pipelines.runfolder.fileio import atomic_write_text
+
+
+class EpochMetrics(BaseModel):
+    epoch: int  # 1-based
+    train_loss: float  # mean over the epoch's steps of the global batch's mean loss
+    train_accuracy: float
+    eval_loss: float  # held-out split, every row once across the ranks
+    eval_accuracy: float
+    train_seconds: float = 0.0  # this epoch's training phase (data + forward/backward/step)
+    eval_seconds: float = 0.0  # this epoch's held-out evaluation phase
+    checkpoint_seconds: float = 0.0  # this epoch's checkpoint phase (gather + write)
+    epoch_seconds: float  # train + eval + checkpoint of this epoch
+    elapsed_seconds: float  # wall time from the first step to the end of this epoch (all attempts)
+    samples_per_second: float  # training samples/s over training time so far (all ranks)
+    learning_rate: float | None = None  # the schedule's rate after the epoch's last step
+
+
+class ClassMetrics(BaseModel):
+    label: int
+    precision: float
+    recall: float
+    f1: float
+    support: int  # test rows of this class
+
+
+class TestMetrics(BaseModel):
+    __test__ = False  # not a pytest test class, despite the name
+
+    accuracy: float
+    f1: float  # macro average over the task's classes
+    precision: float  # macro
+    recall: float  # macro
+    loss: float
+    confusion_matrix: list[list[int]]  # K x K, rows = true label, columns = predicted
+    per_class: list[ClassMetrics] = Field(default_factory=list)
+
+
+class Attempt(BaseModel):
+    """One attempt at a cell (a first run, a retry after a failure or a kill)."""
+
+    attempt: int  # 1-based
+    start: float  # unix time the adapter began (after the host lock)
+    lock_wait_seconds: float = 0.0  # waited for the host lock (another timed cell) before start
+    end: float | None = None  # None while running; a killed attempt ends at its last heartbeat
+    outcome: Literal["running", "ok", "failed", "killed"] = "running"
+    error: str | None = None
+    epoch_reached: int = 0  # newest checkpointed epoch when the attempt ended
+    startup_seconds: float | None = None  # attempt start -> first training step (if it got there)
+    lost_seconds: float = 0.0  # training done after the last checkpoint, thrown away by the failure
+    recovery_seconds: float | None = None  # previous attempt's failure -> this attempt's first step
+
+
+class TimedWindow(BaseModel):
+    """The cell's timed part on this host: no other timed cell overlaps it (host lock)."""
+
+    start: float
+    end: float
+    lock_wait_seconds: float = 0.0  # waited for another cell before the window opened
+
+
+class HostUsage(BaseModel):
+    """What one host of a cell used (``ResourceUsage.per_host``); ``source`` says how it was
+    measured: "cgroup" (an emulated host: cpuacct, memory cgroup), "proc" (the driver's processes
+    on this machine) or "none" (an SSH host: only its link counters)."""
+
+    source: Literal["cgroup", "proc", "none"] = "cgroup"
+    cpus: int | None = None  # cores it could use (its cpuset)
+    cpu_seconds: float | None = None  # user + system of everything on it
+    cpu_utilisation: float | None = None  # cpu_seconds / (wall x cpus)
+    peak_memory_mb: float | None = None  # cgroup: memory.max_usage_in_bytes (page cache included)
+    ranks_cpu_seconds: float | None = None
+    ranks_peak_rss_mb: float | None = None
+    platform_cpu_seconds: float | None = None
+    platform_peak_rss_mb: float | None = None
+    platform_processes: dict[str, float] = Field(default_factory=dict)  # kind -> peak RSS MB
+    bytes_sent: int | None = None  # its link's counters during the launch
+    bytes_received: int | None = None
+    note: str | None = None  # what could not be measured there, and why
+
+
+class ResourceUsage(BaseModel):
+    """What a cell's processes used while it launched and trained (``pipelines.measure.resources``): the
+    last attempt, sampled every ``interval_s``; the timeline is in ``<cell>/resources.json``.
+
+    Ranks = the processes that wrote ``<cell>/ranks/rank-<k>.pid``; platform = every other process
+    of the cell (launcher, JVMs, Ray daemons, the driver), by kind in ``platform_processes``. CPU =
+    user + system from /proc (locally, a process's CPU after its last sample is missed); RSS sums
+    count pages shared between processes in each; on emulated hosts the cgroups count everything."""
+
+    source: Literal["process tree", "hosts"] = "process tree"
+    started: float  # unix time of the first sample: t = 0 of the timeline
+    wall_seconds: float
+    interval_s: float
+    samples: int
+    cpus: int | None = None  # cores the cell could use (locally: the driver's CPU affinity; hosts: cpusets)
+    cpu_seconds: float  # user + system of all the cell's processes
+    cpu_utilisation: float | None = None  # cpu_seconds / (wall x cpus)
+    peak_rss_mb: float  # largest sum of RSS over one sample; hosts: sum of the cgroups' peaks + the driver's
+    ranks: int = 0  # rank processes found
+    ranks_cpu_seconds: float = 0.0
+    ranks_peak_rss_mb: float = 0.0
+    platform_cpu_seconds: float = 0.0
+    platform_peak_rss_mb: float = 0.0
+    platform_processes: dict[str, float] = Field(default_factory=dict)  # kind -> peak RSS MB
+    sampler_cpu_seconds: float = 0.0  # the sampler's own thread (left out of every figure)
+    bytes_sent: int | None = None  # hosts: links; locally: the cell's private namespace, else None
+    bytes_received: int | None = None
+    gpus: int | None = None  # GPUs nvidia-smi saw (None: none, or no nvidia-smi)
+    gpu_utilisation_mean: float | None = None  # percent, mean over samples and GPUs (device-wide)
+    gpu_peak_memory_mb: float | None = None  # largest sum over GPUs of memory used (device-wide)
+    per_host: dict[str, HostUsage] = Field(default_factory=dict)  # hosts + "driver"; empty locally
+    notes: list[str] = Field(default_factory=list)  # what was not measured, and why
+
+
+class CellResult(BaseModel):
+    """One training cell = (backend, strategy, world size, repeat)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend: Backend
+    world_size: int
+    repeat: int = 0
+    # --- training strategy (pipelines.config.TrainingStrategy) ---------------------------------
+    strategy: str = "default"  # its canonical name; the fields below are its settings
+    comm_hook: str = "none"
+    powersgd_rank: int | None = None  # only with comm_hook=powersgd
+    sync_every: int = 1
+    sharding: str = "ddp"
+    imbalance: str = "none"
+    # payload this rank handed to gradient / parameter collectives per optimizer step, averaged
+    # over training (comm hook buckets after compression, local SGD's parameter averaging);
+    # None where not measured (one worker, FSDP). Wire bytes of a ring all-reduce are ~2(W-1)/W of it.
+    comm_bytes_per_step: float | None = None
+    steps_per_epoch: int = 0  # optimizer steps per epoch on each rank
+    # where the cell ran (pipelines.cluster): "local" (this host) or "emulated" / "ssh" hosts, and
+    # the network of its links ("local" = loopback; "unshaped", "1gbit", "100mbit", ... between hosts)
+    cluster: str = "local"
+    network: str = "local"
+    status: Literal["ok", "failed"] = "ok"
+    error: str | None = None  # why the cell failed, for the report
+    device: str = "cpu"  # e.g. "cpu", "cuda:NVIDIA H200"
+    model_source: Literal["pretrained", "random_init"] | None = None
+    model_name: str | None = None
+    train_samples: int = 0
+    test_samples: int = 0
+    max_seq_len: int = 0
+    num_labels: int = 2  # classes of the task (from the snapshot manifest)
+    batch_size_per_worker: int = 0
+    global_batch_size: int = 0
+    batch_policy: str = "per_worker"  # see BenchmarkConfig.batch_policy / lr_scaling
+    lr_scaling: str = "none"
+    learning_rate: float = 0.0  # after lr_scaling
+    seed: int = 0  # config seed + repeat
+    epochs: list[EpochMetrics] = Field(default_factory=list)
+    test: TestMetrics | None = None
+    # wall time split (pipelines.training.record): launch -> first step, training phase,
+    # held-out + final test evaluation, checkpoints; total = adapter entry -> result written
+    startup_seconds: float = 0.0
+    training_seconds: float = 0.0
+    evaluation_seconds: float = 0.0
+    checkpoint_seconds: float = 0.0
+    total_seconds: float = 0.0
+    # where the wall time goes, one definition for every backend (pipelines.training.phases):
+    # launch, data, compute, communication, checkpoint, evaluation, teardown [, retries]
+    phases: dict[str, float] = Field(default_factory=dict)
+    work_end: float | None = None  # unix time rank 0's result was complete (teardown starts)
+    samples_per_second: float = 0.0
+    peak_memory_mb: float = 0.0
+    checkpoint_path: str | None = None  # last training checkpoint (model + optimizer + RNG)
+    model_path: str | None = None  # trained model, Hugging Face format (save_pretrained)
+    resumed_from_epoch: int = 0  # 0 = fresh start
+    # every attempt; the cell's total is their sum; lost work and recovery measure fault tolerance
+    attempts: list[Attempt] = Field(default_factory=list)
+    lost_seconds: float = 0.0
+    recovery_seconds: float = 0.0
+    timed_window: TimedWindow | None = None
+    devices: list[str] = Field(default_factory=list)  # per rank: "cpu:cores 0" or "cuda:0"
+    placements: list[str] = Field(default_factory=list)  # per rank: host [+ " executor <app>/<id>"]
+    spark_session: str | None = None  # spark: "fresh" (started for this cell, stopped after it)
+    # how the platform ran (TrainingBackend.platform_fields): ddp "torchrun" / "torchrun-<k>-nodes";
+    # spark "local" (torchrun on the driver) / "cluster" (barrier tasks on executors);
+    # determined "local" (Trainer in-process) / "master" (experiment on a Determined master)
+    platform_mode: str | None = None
+    # across hosts (TrainingBackend.launch_on_hosts): the bytes each host's link moved meanwhile
+    link_bytes: dict[str, dict[str, int]] | None = None
+    # bytes all hosts' links sent during the launch / optimizer steps trained in it (every byte:
+    # gradients, evaluation, rendezvous, data a platform moved)
+    link_bytes_per_step: float | None = None
+    # what the training steps alone moved over the links per step (the ranks' own interface counters
+    # around each epoch's steps: no model broadcast, evaluation or start-up); None on one host
+    link_bytes_per_train_step: float | None = None
+    # matrix.fault (pipelines.measure.faults.record): the host lost, where, who recovered and at what cost
+    fault: dict | None = None
+    # how the training rows reached the ranks (TrainingBackend.data_feed): "files" (each rank reads
+    # the token shards) or "dataframe" (spark_dataframe: the DataFrame's partitions, through Spark)
+    data_feed: str | None = None
+    # CPU, memory, bytes and GPU of the cell's processes, ranks vs platform (pipelines.measure.resources)
+    resources: ResourceUsage | None = None
+    versions: dict[str, str] = Field(default_factory=dict)  # torch, transformers, backend lib
+    host: str | None = None
+
+    def write(self, path: Path) -> None:
+        atomic_write_text(path, self.model_dump_json(indent=2))
+
+    @classmethod
+    def read(cls, path: Path) -> "CellResult":
+        return cls.model_validate_json(Path(path).read_text())

@@ -1,0 +1,195 @@
+"""The run summary ``report/summary.json``: typed, written by evaluation, read by everything after.
+
+``RunSummary`` is what the report, MLflow tracking, the regression check and the Benchmarks page
+read; ``read_summary`` fails with ``SummaryMissing`` (naming the command that writes it) rather
+than silently re-running evaluation.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from pipelines.config import Backend
+from pipelines.runfolder.fileio import atomic_write_text
+from pipelines.runfolder.paths import RunPaths
+
+SUMMARY_VERSION = 2
+
+
+class SummaryMissing(FileNotFoundError):
+    """report/summary.json is not there: the evaluate step has not run for this folder."""
+
+
+class Stats(BaseModel):
+    median: float | None = None
+    min: float | None = None
+    max: float | None = None
+
+
+class Interval(BaseModel):
+    """95 % bootstrap interval of the median over repeats (``n`` = repeats it rests on)."""
+
+    low: float | None = None
+    high: float | None = None
+    n: int = 0
+
+
+class CellRow(BaseModel):
+    """One cell (backend, strategy, network, workers, repeat); failed cells carry only the first
+    fields + error."""
+
+    cell: str
+    backend: Backend
+    strategy: str = "default"  # pipelines.config.TrainingStrategy.name
+    network: str = "local"  # CellResult.network: "local" (one host) or the hosts' link ("1gbit", ...)
+    cluster: str = "local"  # CellResult.cluster: "local" | "emulated" | "ssh"
+    workers: int
+    repeat: int
+    status: Literal["ok", "failed"]
+    error: str | None = None
+    device: str | None = None
+    host: str | None = None
+    platform_mode: str | None = None  # CellResult.platform_mode
+    data_feed: str | None = None  # CellResult.data_feed: "files" / "dataframe"
+    model_source: str | None = None
+    total_seconds: float | None = None
+    training_seconds: float | None = None
+    startup_seconds: float | None = None
+    evaluation_seconds: float | None = None
+    checkpoint_seconds: float | None = None
+    samples_per_second: float | None = None
+    peak_memory_mb: float | None = None
+    test_accuracy: float | None = None
+    test_f1: float | None = None  # macro-F1
+    epochs_run: int | None = None
+    time_to_target_epoch: int | None = None
+    time_to_target_seconds: float | None = None  # training-phase time to the target (validation)
+    seed: int | None = None
+    attempts: int = 0
+    resumed: bool = False  # trained over more than one attempt
+    lost_seconds: float = 0.0
+    recovery_seconds: float = 0.0
+    window_start: float | None = None  # the timed window (host lock held)
+    window_end: float | None = None
+    phases: dict[str, float] = Field(default_factory=dict)  # CellResult.phases
+    comm_bytes_per_step: float | None = None  # CellResult.comm_bytes_per_step
+    link_bytes_per_step: float | None = None  # CellResult.link_bytes_per_step (across hosts)
+    epoch_seconds: float | None = None  # median over the cell's epochs of epoch_seconds
+    communication_seconds: float | None = None  # phases["communication"]
+    recall_per_class: list[float] = Field(default_factory=list)  # test recall of label 0..K-1
+    # what the cell's processes used (CellResult.resources; None: not measured) and its cost from the
+    # price sheet (pipelines.run.evaluation.resource_cost)
+    cpu_seconds: float | None = None
+    cpu_utilisation: float | None = None
+    peak_rss_mb: float | None = None
+    ranks_peak_rss_mb: float | None = None
+    platform_peak_rss_mb: float | None = None
+    cost: float | None = None
+
+
+class Aggregate(BaseModel):
+    """Statistics over the repeats of one (backend, strategy, network, workers)."""
+
+    # "<backend>[-<strategy>][-<network>]-w<N>": strategy only if not default, network only if not local
+    key: str
+    backend: Backend
+    strategy: str = "default"
+    network: str = "local"
+    cluster: str | None = None  # the cells' cluster kind (joined with "/" if they differ)
+    workers: int
+    comm_bytes_per_step: float | None = None  # median over the repeats
+    link_bytes_per_step: float | None = None  # median over the repeats (all hosts' tx / steps)
+    epoch_seconds: float | None = None  # median over the repeats of the cells' median epoch time
+    communication_seconds: float | None = None  # median over the repeats of the communication phase
+    recall_per_class: list[float] = Field(default_factory=list)  # median test recall per label
+    repeats: int
+    repeats_ok: int
+    repeats_failed: int
+    platform_mode: str | None = None  # the cells' (joined with "/" if they differ)
+    data_feed: str | None = None  # the cells' CellResult.data_feed (joined with "/" if they differ)
+    total_seconds: Stats
+    training_seconds: Stats
+    startup_seconds: Stats
+    samples_per_second: Stats
+    test_accuracy: Stats
+    test_f1: Stats
+    total_seconds_ci: Interval = Field(default_factory=Interval)
+    test_accuracy_ci: Interval = Field(default_factory=Interval)
+    resumed_cells: int = 0
+    recovery_seconds: float | None = None  # median over the resumed repeats
+    lost_seconds: float | None = None
+    peak_memory_mb_max: float | None = None
+    time_to_target_seconds: float | None = None  # median over the repeats that reached it
+    reached_target: int = 0
+    worker_hours: float | None = None
+    estimated_cost: float | None = None  # worker-hours x price_per_worker_hour
+    cost: float | None = None  # median over the repeats of the cells' cost (price sheet)
+    cpu_seconds: float | None = None  # median over the repeats
+    peak_rss_mb_max: float | None = None  # the largest over the repeats
+    speedup: float | None = None  # t(1 worker) / t(N) on training time
+    scaling_efficiency: float | None = None  # t(1) / (N * t(N))
+    overhead_vs_ddp_total: float | None = None  # (t - t_ddp) / t_ddp at the same worker count
+    overhead_vs_ddp_training: float | None = None
+    phases: dict[str, float] = Field(default_factory=dict)  # per phase, median over the repeats
+
+
+class PriceSheet(BaseModel):
+    """What a cell's cost is priced from (``config.tracking``): USD per vCPU-hour, per GB-hour of
+    memory, per GPU-hour, per worker-hour (the older estimate), and where these prices come from."""
+
+    per_cpu_hour: float = 0.0
+    per_gb_hour: float = 0.0
+    per_gpu_hour: float = 0.0
+    per_worker_hour: float = 0.0
+    source: str = ""
+
+
+class FailedCell(BaseModel):
+    cell: str
+    error: str
+
+
+class Hardware(BaseModel):
+    hardware_class: str = "unknown"  # device kind and count, CPU model, hosts: runs compare within one
+    devices: list[str] = Field(default_factory=list)
+    hosts: list[str] = Field(default_factory=list)
+    cpu_count: int | None = None
+    versions: dict[str, str] = Field(default_factory=dict)  # library -> versions over the cells
+
+
+class RunSummary(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    version: int = SUMMARY_VERSION
+    run: str
+    profile: str
+    fingerprint: str = ""  # BenchmarkConfig.fingerprint(): runs compare only within one
+    cluster: str = "local"  # BenchmarkConfig.cluster.kind: where the cells ran
+    networks: list[str] = Field(default_factory=lambda: ["local"])  # BenchmarkConfig.networks()
+    batch_policy: str = "per_worker"
+    lr_scaling: str = "none"
+    status: Literal["success", "failed"]
+    target_accuracy: float
+    price_per_worker_hour: float
+    price_sheet: PriceSheet = Field(default_factory=PriceSheet)
+    dataset: dict[str, Any] | None = None  # the snapshot manifest
+    model_sources: list[str] = Field(default_factory=list)
+    hardware: Hardware = Field(default_factory=Hardware)
+    cells: list[CellRow] = Field(default_factory=list)
+    aggregates: list[Aggregate] = Field(default_factory=list)
+    failed: list[FailedCell] = Field(default_factory=list)
+    estimated_cost_total: float = 0.0
+    cost_total: float | None = None  # sum of the cells' cost (price sheet); None: no cell measured
+
+    def write(self, paths: RunPaths) -> None:
+        atomic_write_text(paths.summary, self.model_dump_json(indent=2))
+
+
+def read_summary(paths: RunPaths) -> RunSummary:
+    """The run's summary; SummaryMissing if evaluation has not written it."""
+    if not paths.summary.exists():
+        raise SummaryMissing(f"{paths.summary} missing: evaluate the run first "
+                             f"(python -m pipelines report {paths.root})")
+    return RunSummary.model_validate_json(paths.summary.read_text())
