@@ -102,9 +102,9 @@ def run_bare(args, out: Path, rnd: int = 0) -> dict:
 FRESH_CELL = """import sys
 from pathlib import Path
 from pipelines.run.cells import run_cell
-from pipelines.config import Backend, read_config
+from pipelines.config import read_config
 from pipelines.runfolder.paths import RunPaths
-run_cell(read_config(Path(sys.argv[1])), RunPaths(Path(sys.argv[2])), Backend(sys.argv[3]), int(sys.argv[4]),
+run_cell(read_config(Path(sys.argv[1])), RunPaths(Path(sys.argv[2])), sys.argv[3], int(sys.argv[4]),
          int(sys.argv[5]))
 """
 
@@ -190,7 +190,7 @@ def main() -> None:
     if args.bare_worker:
         return bare_worker(args)
 
-    from pipelines.config import Backend
+    from pipelines import platforms
     from pipelines.runfolder.paths import RunPaths
 
     out = Path(args.out or tempfile.mkdtemp(prefix="overhead-"))
@@ -199,7 +199,7 @@ def main() -> None:
     names = ["bare", *args.backends.split(",")]
     plans = {name: path_plan(name) for name in names[1:]}
     for name, (backend, _) in plans.items():
-        Backend(backend)  # an unknown path or backend fails here, before anything runs
+        platforms.check_name(backend)  # an unknown path or backend fails here, before anything runs
     cluster_url = None
     if any(o.get("spark_master") == "<cluster>" for _, o in plans.values()):
         from pipelines.engines import spark_cluster
@@ -214,7 +214,7 @@ def main() -> None:
 
 def _bench(args, out: Path, paths, names: list[str], plans: dict, cluster_url: str | None) -> None:
     from pipelines.run.cells import run_cell
-    from pipelines.config import Backend, load_config, save_config
+    from pipelines.config import load_config, save_config
     from pipelines.runfolder.paths import RunPaths
 
     config = load_config("nightly", dict(
@@ -244,7 +244,7 @@ def _bench(args, out: Path, paths, names: list[str], plans: dict, cluster_url: s
                                                args.workers, rnd)
             else:
                 t0 = time.time()
-                r = run_cell(path_configs[name], path_runs[name], Backend(backend), args.workers, rnd)
+                r = run_cell(path_configs[name], path_runs[name], backend, args.workers, rnd)
                 process_seconds = time.time() - t0 - r.timed_window.lock_wait_seconds
             runs[name].append({"training_seconds": r.training_seconds, "startup_seconds": r.startup_seconds,
                                "evaluation_seconds": r.evaluation_seconds, "total_seconds": r.total_seconds,

@@ -193,7 +193,7 @@ def run_one(args) -> dict:
     import torch
 
     from pipelines.training.cell import CellSpec
-    from pipelines.config import Backend, load_config
+    from pipelines.config import load_config
     from pipelines.runfolder.results import CellResult
     from pipelines.training.graph_step import run_whole_step
     from pipelines.training.loop import run_training
@@ -211,7 +211,7 @@ def run_one(args) -> dict:
         "threads_per_worker": args.threads or max(1, len(os.sched_getaffinity(0))),
         "output_root": str(cell_dir.parent), "worker_counts": [1], "backends": ["ddp"],
     })
-    spec = CellSpec(config=config, run_root=data, cell_dir=cell_dir, backend=Backend.DDP, world_size=1,
+    spec = CellSpec(config=config, run_root=data, cell_dir=cell_dir, backend="ddp", world_size=1,
                     repeat=0, labels=info["labels"])
     spec.write()
     launch = time.time()

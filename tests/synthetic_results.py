@@ -11,7 +11,8 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-from pipelines.config import Backend, BenchmarkConfig, save_config
+from pipelines import platforms
+from pipelines.config import BenchmarkConfig, save_config
 from pipelines.runfolder.paths import RunPaths
 from pipelines.runfolder.results import Attempt, CellResult, EpochMetrics, HostUsage, ResourceUsage
 from pipelines.runfolder.results import TestMetrics as HeldOutMetrics
@@ -60,11 +61,11 @@ def make_result(backend: str, workers: int, repeat: int = 0, *, slow: float = 1.
     samples = 400 * epochs / training
     evaluation = 1.2 * slow_total
     if status == "failed":
-        return CellResult(backend=Backend(backend), world_size=workers, repeat=repeat, status="failed",
+        return CellResult(backend=platforms.check_name(backend), world_size=workers, repeat=repeat, status="failed",
                           error=f"{backend}: worker exited with code 1 (synthetic)", host="bench-host",
                           network=network, cluster="local" if link is None else "emulated")
     result = CellResult(
-        backend=Backend(backend), world_size=workers, repeat=repeat, device="cpu",
+        backend=platforms.check_name(backend), world_size=workers, repeat=repeat, device="cpu",
         platform_mode={"ddp": "torchrun"}.get(backend, "local"),
         model_source=model_source, model_name="bert-tiny", train_samples=400, test_samples=200,
         max_seq_len=64, batch_size_per_worker=16, seed=42,

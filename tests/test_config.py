@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.config import (PROFILES, Backend, BenchmarkConfig, ConfigError, load_config,
+from pipelines.config import (PROFILES, BenchmarkConfig, ConfigError, load_config,
                               parse_set_options, read_config, save_config)
 
 
@@ -21,7 +21,7 @@ def test_profiles_exist_and_resolve():
 def test_overrides_layer_on_the_profile_and_none_keeps_it():
     cfg = load_config("smoke", {"epochs": 5, "batch_size": None, "backends": ["spark", "ddp", "spark"]})
     assert cfg.epochs == 5 and cfg.batch_size == PROFILES["smoke"]["batch_size"]
-    assert cfg.backends == [Backend.SPARK, Backend.DDP]
+    assert cfg.backends == ["spark", "ddp"]
     assert load_config("smoke", {"worker_counts": [2, 1, 2]}).worker_counts == [1, 2]
 
 
@@ -56,7 +56,7 @@ def test_set_options_and_round_trip(tmp_path):
 
 def test_cells_cover_every_backend_worker_repeat():
     cfg = load_config("smoke", {"repeats": 2, "backends": ["ddp", "spark"], "worker_counts": [1, 2]})
-    assert len(cfg.cells()) == 8 and cfg.cells()[0] == (Backend.DDP, "default", "local", 1, 0)
+    assert len(cfg.cells()) == 8 and cfg.cells()[0] == ("ddp", "default", "local", 1, 0)
 
 
 def test_tracking_uri_is_never_the_working_directory(monkeypatch, tmp_path):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from pipelines.config import Backend, load_config
+from pipelines.config import load_config
 from pipelines.data.ingest import ingest
 from pipelines.data.manifest import task_labels
 from pipelines.data.validate import DataValidationError, validate_snapshot
@@ -74,7 +74,7 @@ def test_ddp_trains_a_three_class_model(tmp_path, imdb_dir, bert_tiny_dir):
                                test_per_class=48, seq_len=64, seed=5, relabel=three_classes)
     config = load_config("smoke", dict(model_source=str(bert_tiny_dir), tokenizer_source=str(bert_tiny_dir),
                                        output_root=str(tmp_path), max_seq_len=64, epochs=1, batch_size=16))
-    result = run_cell(config, paths, Backend.DDP, 1, 0)
+    result = run_cell(config, paths, "ddp", 1, 0)
     assert result.status == "ok" and result.num_labels == 3
     assert len(result.test.confusion_matrix) == 3 and all(len(r) == 3 for r in result.test.confusion_matrix)
     assert sum(map(sum, result.test.confusion_matrix)) == result.test_samples == 96

@@ -20,7 +20,6 @@ import pytest
 
 from pipelines.measure import resources
 from pipelines.cluster import EmulatedCluster, why_unavailable
-from pipelines.config import Backend
 from pipelines.run.evaluation import evaluate_run, resource_cost
 from pipelines.report.costs import cell_results, costs_markdown, phase_marks, timeline_plots
 from pipelines.runfolder.results import ResourceUsage
@@ -203,7 +202,7 @@ def test_the_summary_and_the_report_show_what_each_platform_costs(make_config, t
     config = make_config(backends=["ddp", "spark"], worker_counts=[1, 2], repeats=1)
     paths, results = write_synthetic_run(config, resources=True)
     results["spark-w2-r0"].resources.platform_processes["evil|`[x](javascript:alert(1))`"] = 1.0
-    results["spark-w2-r0"].write(paths.cell(Backend.SPARK, 2, 0).result)
+    results["spark-w2-r0"].write(paths.cell("spark", 2, 0).result)
     summary = evaluate_run(config, paths)
     row = next(c for c in summary.cells if c.cell == "ddp-w2-r0")
     assert row.cost == pytest.approx(resource_cost(results["ddp-w2-r0"], config.tracking))
@@ -238,14 +237,14 @@ def test_a_real_local_ddp_cell_records_its_resources(make_config, imdb_dir, bert
     config = make_config(max_seq_len=32, epochs=1, batch_size=16, batch_policy="per_worker")
     paths = write_token_shards(RunPaths(Path(config.output_root) / "real"), imdb_dir, bert_tiny_dir,
                                train_per_class=32, test_per_class=16, seq_len=32, seed=7)
-    result = run_cell(config, paths, Backend.DDP, 2, 0)
+    result = run_cell(config, paths, "ddp", 2, 0)
     usage = result.resources
     assert usage is not None and usage.ranks == 2, usage
     assert usage.ranks_cpu_seconds > 1.0 and usage.ranks_peak_rss_mb > 2 * 100  # torch + bert-tiny, each
     assert {"driver", "torchrun"} <= set(usage.platform_processes)
     assert usage.cpu_seconds == pytest.approx(usage.ranks_cpu_seconds + usage.platform_cpu_seconds)
     assert usage.peak_rss_mb >= usage.ranks_peak_rss_mb
-    cell = paths.cell(Backend.DDP, 2, 0)
+    cell = paths.cell("ddp", 2, 0)
     assert len(resources.read_timeline(cell.root)) == usage.samples
     print("real ddp-w2 cell:", usage.model_dump_json(exclude={"per_host"}))
 
@@ -259,10 +258,10 @@ def test_mlflow_and_tensorboard_get_the_figures_and_the_timeline(make_config, tm
 
     config = make_config(backends=["spark"], worker_counts=[2], mlflow_tracking_uri=f"sqlite:///{tmp_path}/m.db")
     paths, results = write_synthetic_run(config, resources=True)
-    cell, result = paths.cell(Backend.SPARK, 2, 0), results["spark-w2-r0"]
+    cell, result = paths.cell("spark", 2, 0), results["spark-w2-r0"]
     timeline = resources.read_timeline(cell.root)
     client = client_for(config)
-    run_id = ensure_cell_run(client, config, paths, Backend.SPARK, 2, 0)
+    run_id = ensure_cell_run(client, config, paths, "spark", 2, 0)
     log_cell_result(client, run_id, cell)
     metrics = client.get_run(run_id).data.metrics
     assert metrics["resources.cpu_seconds"] == pytest.approx(result.resources.cpu_seconds)

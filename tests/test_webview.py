@@ -16,7 +16,7 @@ import pytest
 from fastapi import Header, HTTPException
 from fastapi.testclient import TestClient
 
-from pipelines.config import Backend, save_config
+from pipelines.config import save_config
 from pipelines.runfolder.paths import RunPaths
 from pipelines.runfolder.results import CellResult, EpochMetrics
 from pipelines.runfolder.results import TestMetrics as Scores
@@ -29,7 +29,7 @@ def write_run(make_config, root, run_id, profile="smoke", accuracy=0.61, report=
     paths = RunPaths(root / run_id)
     save_config(config, paths.config)
     for backend, _strategy, _network, workers, repeat in config.cells():
-        failed = backend == Backend.SPARK and workers == 2
+        failed = backend == "spark" and workers == 2
         CellResult(
             backend=backend, world_size=workers, repeat=repeat,
             status="failed" if failed else "ok", error="barrier stage hung" if failed else None,
@@ -39,7 +39,7 @@ def write_run(make_config, root, run_id, profile="smoke", accuracy=0.61, report=
             test=None if failed else Scores(accuracy=accuracy, f1=0.6, precision=0.6, recall=0.6,
                                             loss=0.67, confusion_matrix=[[60, 40], [38, 62]]),
             startup_seconds=7.5, training_seconds=3.0, samples_per_second=130.0,
-            total_seconds=11.0 if backend == Backend.DDP else 19.0,
+            total_seconds=11.0 if backend == "ddp" else 19.0,
         ).write(paths.cell(backend, workers, repeat).result)
     if report:  # the project's real evaluation + report modules write summary.json and plots
         from pipelines.run.evaluation import evaluate_run

@@ -10,19 +10,19 @@ Sections (``sections.py``): data, training, matrix, engines (each platform's own
 """
 
 from pipelines.config.loading import (
-    is_local_spark_master, load_config, parse_set_options, read_config, save_config, site_defaults,
+    load_config, parse_set_options, read_config, save_config, site_defaults,
 )
 from pipelines.config.model import (
     BenchmarkConfig, ConfigError, deployment_fields, deployment_keys, field_paths, flat_view, form_schema, json_schema, path_of,
 )
 from pipelines.config.profiles import PROFILES
-from pipelines.config.sections import DEFAULT_DATASET, DEFAULT_MODEL, SECTIONS, deployment
+from pipelines.config.fields import deployment
+from pipelines.config.sections import DEFAULT_DATASET, DEFAULT_MODEL, SECTIONS
 from pipelines.config.strategy import STRATEGY_EXAMPLES, STRATEGY_PATTERN, TrainingStrategy, parse_strategy
-from pipelines.platforms import Backend
 
 __all__ = [
-    "Backend", "BenchmarkConfig", "ConfigError", "DEFAULT_DATASET", "DEFAULT_MODEL", "PROFILES", "SECTIONS",
+    "BenchmarkConfig", "ConfigError", "DEFAULT_DATASET", "DEFAULT_MODEL", "PROFILES", "SECTIONS",
     "STRATEGY_EXAMPLES", "STRATEGY_PATTERN", "TrainingStrategy", "deployment", "deployment_fields", "deployment_keys",
-    "field_paths", "flat_view", "form_schema", "is_local_spark_master", "json_schema", "load_config", "parse_set_options", "parse_strategy",
+    "field_paths", "flat_view", "form_schema", "json_schema", "load_config", "parse_set_options", "parse_strategy",
     "path_of", "read_config", "save_config", "site_defaults",
 ]

@@ -14,11 +14,6 @@ from pipelines.config.profiles import PROFILES
 from pipelines.runfolder.fileio import atomic_write_text
 
 
-def is_local_spark_master(master: str) -> bool:
-    """``local`` / ``local[N]``: no executors, so no barrier tasks (TorchDistributor's local mode)."""
-    return master == "local" or master.startswith("local[")
-
-
 def site_defaults(environ: dict[str, str] | None = None) -> dict[str, str]:
     """Config overrides (dotted paths) from the BENCHMARK_* variables of deployment fields that are set."""
     environ = os.environ if environ is None else environ
@@ -38,7 +33,8 @@ def load_config(profile: str = "smoke", overrides: dict[str, Any] | None = None)
     Keys are dotted paths (``training.epochs``) or flat names (``epochs``). ``profile``, and a
     ``profile`` key of the overrides, must name one of PROFILES (ConfigError otherwise)."""
     check_profiles("" if profile is None else profile, overrides)
-    values = nest({**PROFILES[profile], "profile": profile})
+    defaults = {k: v() if callable(v) else v for k, v in PROFILES[profile].items()}
+    values = nest({**defaults, "profile": profile})
     if os.environ.get("MLFLOW_TRACKING_URI"):  # e.g. the compose stack's MLflow server
         values = _merge(values, {"tracking": {"mlflow_tracking_uri": os.environ["MLFLOW_TRACKING_URI"]}})
     values = _merge(values, nest({k: v for k, v in (overrides or {}).items() if v is not None}))

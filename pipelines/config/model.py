@@ -54,7 +54,7 @@ def _fields_of_generation(generation: int) -> dict[str, tuple[str, ...]]:
     for section, model in SECTIONS.items():
         for name, field in model.model_fields.items():
             out[_marked(field, "flat") or name] = (section, name)
-    for platform in platforms.classes():
+    for platform in platforms.all_platforms():
         for name, field in (platform.settings.model_fields.items() if platform.settings else ()):
             out[_marked(field, "flat") or f"{platform.name}_{name}"] = ("engines", str(platform.name), name)
     return out
@@ -81,7 +81,7 @@ def deployment_fields() -> dict[str, str | None]:
         for name, field in model.model_fields.items():
             if _marked(field, "deployment"):
                 out[f"{section}.{name}"] = _marked(field, "env")
-    for platform in platforms.classes():
+    for platform in platforms.all_platforms():
         for name, field in (platform.settings.model_fields.items() if platform.settings else ()):
             if _marked(field, "deployment"):
                 out[f"engines.{platform.name}.{name}"] = _marked(field, "env")

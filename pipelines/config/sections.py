@@ -2,7 +2,7 @@
 
 What a cell trains is ``data`` + ``training`` (the fingerprint: runs compare only within one);
 ``matrix`` says which cells a run has and how they are retried; ``engines`` holds each
-platform's own settings (declared by the platform: ``TrainingBackend.settings``); ``tracking``
+platform's own settings (declared by the platform: ``pipelines.platforms.Platform.settings``); ``tracking``
 says where results go and how they are judged. A field marked ``deployment(...)`` is set by
 whoever deploys the benchmark (its BENCHMARK_* variable), never by a DAG trigger.
 """
@@ -14,17 +14,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pipelines.config.strategy import STRATEGY_EXAMPLES, STRATEGY_PATTERN, TrainingStrategy, parse_strategy
-from pipelines.platforms import Backend
+from pipelines.config.fields import deployment
+from pipelines.platforms import PlatformName
 
 DEFAULT_DATASET = "stanfordnlp/imdb"  # hub dataset id; a local folder works too
 DEFAULT_MODEL = "prajjwal1/bert-tiny"  # hub model id; a local folder works too
-
-
-def deployment(default: Any, *, env: str | None = None, flat: str | None = None, **kwargs: Any) -> Any:
-    """A field the deployment sets (``env``: the variable a host's default comes from; ``flat``:
-    the field's name in the flat configs written before sections existed, when it differs)."""
-    extra = {"deployment": True, **({"env": env} if env else {}), **({"flat": flat} if flat else {})}
-    return Field(default, json_schema_extra=extra, **kwargs)
 
 
 class Section(BaseModel):
@@ -80,16 +74,16 @@ class TrainingConfig(Section):
     threads_per_worker: int = Field(1, ge=1)  # torch intra-op threads per rank on CPU
 
 
-def _default_platforms() -> list[Backend]:
+def _default_platforms() -> list[str]:
     from pipelines import platforms
 
-    return [Backend(n) for n in platforms.default_names()]
+    return platforms.default_names()
 
 
 class MatrixConfig(Section):
     """The run's cells: every backend x strategy x worker count x repeat, and their retries."""
 
-    backends: list[Backend] = Field(default_factory=_default_platforms, min_length=1)
+    backends: list[PlatformName] = Field(default_factory=_default_platforms, min_length=1)
     # a cell's own config carries its one strategy; one a backend cannot run is refused up front
     strategies: list[TrainingStrategy] = Field(
         default_factory=lambda: [TrainingStrategy()], min_length=1,
@@ -126,7 +120,7 @@ class MatrixConfig(Section):
 
     @field_validator("backends")
     @classmethod
-    def _unique_backends(cls, v: list[Backend]) -> list[Backend]:
+    def _unique_backends(cls, v: list[PlatformName]) -> list[PlatformName]:
         return list(dict.fromkeys(v))
 
     @field_validator("strategies", mode="before")
@@ -149,7 +143,7 @@ def _flat_hint(settings: type[BaseModel], loc: tuple) -> str:
 
 
 class EnginesConfig(BaseModel):
-    """One entry per platform that has settings (``TrainingBackend.settings``), named after it:
+    """One entry per platform that has settings (``pipelines.platforms.Platform.settings``), named after it:
     ``engines.spark.master``, ``engines.ray.address``. A platform from outside the project (a
     plug-in, a test) appears only where set, so configs written without it load without it."""
 

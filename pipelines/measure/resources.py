@@ -34,7 +34,6 @@ log = logging.getLogger(__name__)
 DEFAULT_INTERVAL_S = 0.5
 RESOURCES_FILE, RANKS_DIR = "resources.json", "ranks"
 DRIVER = "driver"  # the process running TrainingBackend.run: its kind and its per_host key
-SPARK_PLATFORMS = ("spark", "spark_dataframe")  # the cells that use the embedded Spark cluster
 MB = 1024 * 1024
 _TICK, _PAGE = os.sysconf("SC_CLK_TCK"), os.sysconf("SC_PAGE_SIZE")
 _GPU_QUERY = ["nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits"]
@@ -72,28 +71,19 @@ def read_timeline(cell_dir) -> list[dict]:
         return []
 
 
-def daemons(backend: str, paths) -> list[int]:
-    """What a Spark cell uses but does not start: the run's embedded Spark Master and Workers."""
-    try:
-        if str(backend) not in SPARK_PLATFORMS or not paths.spark_cluster_info.exists():
-            return []
-        return [int(p) for p in json.loads(paths.spark_cluster_info.read_text()).get("pids", [])]
-    except Exception as err:  # a measure: never a reason to fail the cell
-        log.warning("resources: the embedded Spark cluster's pids are unreadable: %s", err)
-        return []
-
-
 def process_kind(name: str, cmdline: list[str]) -> str:
-    """What a platform process is, from its name and command line."""
+    """What a platform process is, from its name and command line: a Spark JVM by its main
+    class, else the first platform rule that matches (``Platform.process_kinds``: a marker found
+    in the command line, or "=name" for the process's own name), else python or its name."""
+    from pipelines import platforms
+
     text, first = " ".join(cmdline), Path(cmdline[0]).name if cmdline else ""
     if "java" in (name, first):  # SparkSubmit (the session's driver JVM) is plain "java"
         return next((kind for marker, kind in _JVM_ROLES if marker in text), "java")
-    rules = (("raylet" in (name, first), "raylet"), ("gcs_server" in (name, first), "gcs_server"),
-             (text.startswith("ray::") or "default_worker.py" in text, "ray_worker"),
-             ("/ray/" in text, "ray_other"), ("torchrun" in text or "distributed.run" in text, "torchrun"),
-             ("pyspark" in text, "pyspark_worker"), ("determined" in text, "determined"),
-             (name.startswith("python") or first.startswith("python"), "python"))
-    return next((kind for hit, kind in rules if hit), name or "other")
+    for marker, kind in platforms.process_kind_rules():
+        if (marker[1:] in (name, first)) if marker.startswith("=") else (marker in text):
+            return kind
+    return "python" if name.startswith("python") or first.startswith("python") else (name or "other")
 
 
 def _kind_of(pid: int, name: str) -> str:

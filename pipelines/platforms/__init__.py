@@ -1,33 +1,36 @@
 """The platform registry: which training platforms exist, and what each one brings.
 
-A platform is one module under ``pipelines/backends/`` defining one ``TrainingBackend``
-subclass with a ``name``: defining the class registers it (``TrainingBackend.__init_subclass__``
-calls ``register``). The class declares everything about the
-platform: how it launches ranks (one host, and ``launch_on_hosts`` for several), its settings
-(a pydantic model, ``engines.<name>`` in the config, deployment fields marked there), its
-preflight checks, its platform modes and their report caveats, its label and colour for plots
-and the Benchmarks page, and its process cleanup. The config, preflight, the DAG's form, the
-report, the page and the trends read this registry; no other file lists the platforms.
+A platform is one package: ``pipelines/platforms/<name>/`` for the project's own (``BUILTIN``,
+the one list in the project that names them), or any importable package for a plug-in or a
+test. Its ``__init__`` declares it with ``register(Platform(...))``: a frozen record of plain
+data that imports nothing heavy (the DAG file reads it at parse time). The record says
+everything the rest of the project needs to know about the platform, so no other module names
+it: its label and colour, its settings (``engines.<name>``), its modes' caveats, whether it is
+the reference the others are compared with, whether the smoke profile trains it, the process
+kinds it starts (resources), the processes it uses but a cell does not start (``daemons``),
+and the run-level services it needs (``services``: started before the first cell, stopped
+after the last). Its adapter (``pipelines.platforms.contract.TrainingBackend``) is named as
+``"module:Class"`` and imported only when a cell runs (``pipelines.run.cells.get_backend``).
 
     from pipelines import platforms
     platforms.names()              # ['ddp', 'spark', 'determined', 'ray', 'spark_dataframe']
     platforms.get("ray").label     # 'Ray Train'
-    platforms.adapter("ddp")       # a DDPBackend, ready to run a cell
+    platforms.reference()          # 'ddp'
 
-Every module in ``pipelines/backends/`` (but ``base``) is imported on first use; a platform
-defined elsewhere (a plug-in, a test) registers itself when its module is imported. This
-module imports nothing heavy: the DAG file reads it at parse time.
+This module imports nothing of the project: the config validates platform names and settings
+through it, and the platform packages it loads import only their settings' leaf helpers.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any, ClassVar
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
 
-# Platforms are pipelines.platforms.contract.TrainingBackend subclasses; named "Platform" here so this
-# module imports nothing of the package (the config imports it)
-Platform = type
-_REGISTRY: dict[str, Platform] = {}
+BUILTIN = ("ddp", "spark", "determined", "ray")  # the project's platform packages, in this folder
+_REGISTRY: dict[str, "Platform"] = {}
 _builtins_loaded = False
 _generation = 0  # bumped by every (un)registration: caches of what the registry implies follow it
 
@@ -36,15 +39,56 @@ class UnknownPlatform(ValueError):
     """A backend name no registered platform has."""
 
 
-def register(cls: Platform) -> Platform:
-    """Make ``cls`` (a TrainingBackend subclass) the platform ``cls.name``."""
-    name = str(cls.name)
-    known = _REGISTRY.get(name)
-    if known is not None and known.__qualname__ != cls.__qualname__:
-        raise ValueError(f"platform {name!r} is registered already by {known.__module__}.{known.__qualname__}")
-    _REGISTRY[name] = cls
+@dataclass(frozen=True)
+class Platform:
+    """What the project knows about one training platform (see the module docstring)."""
+
+    name: str
+    adapter: str  # "module:Class" of its TrainingBackend subclass
+    label: str = ""  # human name, e.g. "PyTorch DDP (torchrun)"
+    colour: str = "#64748b"  # plots and the Benchmarks page
+    order: int = 100  # position in reports and the default matrix
+    # engines.<name> in the config: a pydantic model of the platform's own settings; fields made
+    # with pipelines.config.fields.deployment(...) are set by the deployment, never by a trigger
+    settings: type | None = None
+    # platform_mode -> what that mode leaves out of a deployed platform (the report's caveats)
+    mode_caveats: Mapping[str, str] = field(default_factory=dict)
+    study_overhead: float | None = None  # the published study's overhead over DDP (fraction)
+    reference: bool = False  # the platform every other is compared with (overheads, the study)
+    smoke: bool = True  # trained by the smoke profile
+    # (marker found in a process's name or command line, kind): the resource split's names for
+    # the processes this platform starts, checked in order
+    process_kinds: tuple[tuple[str, str], ...] = ()
+    # run folder -> pids of processes a cell of this platform uses but does not start (a cluster
+    # the run keeps standing); never raises
+    daemons: Callable[[Any], list[int]] | None = None
+    # "module:object"s with start(config, paths) / stop(config, paths) / wanted(config): services
+    # the run starts before its first cell of this platform and stops after the last
+    services: tuple[str, ...] = ()
+    study_note: str = ""  # what the report's study section says of it where it finished
+    package: str = ""  # the module that declared it (set by register): workers import it by name
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mode_caveats", MappingProxyType(dict(self.mode_caveats)))
+
+
+def register(platform: Platform, package: str | None = None) -> Platform:
+    """Make ``platform`` known under its name; ``package``: the module declaring it (a worker
+    process imports it to know the platform), by default the adapter's package."""
+    package = package or platform.adapter.partition(":")[0].rpartition(".")[0]
+    platform = Platform(**{**platform.__dict__, "package": package})
+    known = _REGISTRY.get(platform.name)
+    if known is not None and known.adapter != platform.adapter:
+        raise ValueError(f"platform {platform.name!r} is registered already by {known.package}")
+    _REGISTRY[platform.name] = platform
     _changed()
-    return cls
+    return platform
+
+
+def unregister(name: str) -> None:
+    """Forget a platform (tests that declare one of their own)."""
+    if _REGISTRY.pop(str(name), None) is not None:
+        _changed()
 
 
 def _changed() -> None:
@@ -62,31 +106,38 @@ def _load_builtins() -> None:
     global _builtins_loaded
     if _builtins_loaded:
         return
-    _builtins_loaded = True  # first: the modules imported below import this one
-    # found by name at run time, as plug-ins are: the platform modules import the config, which
-    # reads this registry, so this module imports none of them statically
-    for module in ("ddp.adapter", "spark.adapter", "spark.dataframe", "determined.adapter", "ray.adapter"):
-        importlib.import_module(f"pipelines.platforms.{module}")
+    _builtins_loaded = True  # first: the packages imported below import this module
+    for package in BUILTIN:  # each package's __init__ declares its platforms (data, no adapter)
+        importlib.import_module(f"{__name__}.{package}")
 
 
-def classes() -> list[Platform]:
+def all_platforms() -> list[Platform]:
     """Every registered platform, in report order (``order``, then name)."""
     _load_builtins()
-    return sorted(_REGISTRY.values(), key=lambda c: (c.order, str(c.name)))
+    return sorted(_REGISTRY.values(), key=lambda p: (p.order, p.name))
 
 
 def names() -> list[str]:
-    return [str(c.name) for c in classes()]
+    return [p.name for p in all_platforms()]
+
+
+def is_builtin(platform: Platform) -> bool:
+    return platform.package.startswith(f"{__name__}.")
 
 
 def default_names() -> list[str]:
-    """The platforms of a run that names none: those in ``pipelines/backends/``. One registered
-    from elsewhere (a plug-in, a test) trains only where a run names it in ``matrix.backends``."""
-    return [str(c.name) for c in classes() if c.__module__.startswith("pipelines.platforms.")]
+    """The platforms of a run that names none: the project's own. One registered from elsewhere
+    (a plug-in, a test) trains only where a run names it in ``matrix.backends``."""
+    return [p.name for p in all_platforms() if is_builtin(p)]
+
+
+def smoke_names() -> list[str]:
+    """The platforms the smoke profile trains."""
+    return [p.name for p in all_platforms() if is_builtin(p) and p.smoke]
 
 
 def get(name: str) -> Platform:
-    """The platform class called ``name``; UnknownPlatform names the registered ones."""
+    """The platform called ``name``; UnknownPlatform names the registered ones."""
     _load_builtins()
     try:
         return _REGISTRY[str(name)]
@@ -94,58 +145,44 @@ def get(name: str) -> Platform:
         raise UnknownPlatform(f"unknown backend {str(name)!r} (registered: {', '.join(names())})") from None
 
 
-def adapter(name: str) -> Any:
-    return get(name)()
+def find(name: str) -> Platform | None:
+    """The platform called ``name``, or None (a run folder from a platform no longer registered)."""
+    try:
+        return get(name)
+    except UnknownPlatform:
+        return None
+
+
+def reference() -> str:
+    """The name of the platform every other is compared with."""
+    return next(p.name for p in all_platforms() if p.reference)
+
+
+def check_name(value: Any) -> str:
+    """``value`` as a registered platform's name (a plain ``str``); ValueError names the registered."""
+    return get(str(value)).name
 
 
 def styles() -> dict[str, dict[str, str]]:
     """Label and colour of every platform: plots, the report and the Benchmarks page use these."""
-    return {str(c.name): {"label": c.label, "colour": c.colour} for c in classes()}
+    return {p.name: {"label": p.label, "colour": p.colour} for p in all_platforms()}
 
 
-class _BackendType(type):
-    def __iter__(cls):
-        return iter([Backend(n) for n in names()])
+def process_kind_rules() -> list[tuple[str, str]]:
+    """Every platform's (marker, kind) pairs, in report order (``pipelines.measure.resources``)."""
+    return [rule for p in all_platforms() for rule in p.process_kinds]
 
 
-class Backend(str, metaclass=_BackendType):
-    """A registered platform's name: a ``str`` (JSON-friendly) that only a registered name becomes.
-
-    ``Backend("ddp")``; ``Backend("nope")`` raises ValueError naming the registered ones;
-    ``list(Backend)`` lists them. The constants name the platforms this project ships."""
-
-    DDP: ClassVar["Backend"]
-    SPARK: ClassVar["Backend"]
-    DETERMINED: ClassVar["Backend"]
-    RAY: ClassVar["Backend"]
-    SPARK_DATAFRAME: ClassVar["Backend"]
-
-    def __new__(cls, value: Any) -> "Backend":
-        value = str(value)
-        get(value)
-        return super().__new__(cls, value)
-
-    def __reduce__(self):  # pickles as a plain str: a worker need not know the registry
-        return (str, (str(self),))
-
-    @property
-    def value(self) -> str:
-        return str(self)
-
-    def __repr__(self) -> str:
-        return f"Backend({str(self)!r})"
+class PlatformName(str):
+    """Pydantic type of a field holding a registered platform's name: validated by the registry,
+    stored and serialized as a plain ``str`` (never an instance of this class)."""
 
     @classmethod
     def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
         from pydantic_core import core_schema
 
-        return core_schema.no_info_after_validator_function(
-            cls, core_schema.str_schema(), serialization=core_schema.plain_serializer_function_ser_schema(str))
+        return core_schema.no_info_after_validator_function(check_name, core_schema.str_schema())
 
     @classmethod
     def __get_pydantic_json_schema__(cls, schema: Any, handler: Any) -> dict:
         return {"type": "string", "enum": names()}
-
-
-for _name in ("ddp", "spark", "determined", "ray", "spark_dataframe"):  # names, not registrations
-    setattr(Backend, _name.upper(), str.__new__(Backend, _name))

@@ -21,11 +21,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import ClassVar, Protocol
 
-from pydantic import BaseModel
-
 from pipelines.measure import attempts, faults, resources, tensorboard
 from pipelines.training.cell import CellSpec, platform_modules
-from pipelines.config import Backend, BenchmarkConfig, TrainingStrategy
+from pipelines.config import BenchmarkConfig, TrainingStrategy
 from pipelines.data.manifest import read_manifest, task_labels
 from pipelines.runfolder.fileio import atomic_write_json
 from pipelines.runfolder.paths import CellPaths, RunPaths
@@ -61,33 +59,17 @@ class Host(Protocol):
 
 
 class TrainingBackend(ABC):
-    """A training platform: ``run(config, world_size, paths=..., cell=...) -> CellResult``.
+    """How a platform trains a cell: ``run(config, world_size, paths=..., cell=...) -> CellResult``.
 
-    A subclass that sets ``name`` is a platform: defining it registers it
-    (``pipelines.platforms``). It implements ``launch`` and declares, as class attributes and
-    small methods, all the rest the project needs to know about it."""
+    The platform's declaration (``pipelines.platforms.Platform``: label, settings, modes, ...)
+    names its adapter, a subclass of this with the same ``name``; the adapter implements
+    ``launch`` (and ``launch_on_hosts`` for several hosts) and may narrow the strategies,
+    preflight, cleanup, versions and result fields. ``run`` is the same for every platform."""
 
     name: ClassVar[str]
-    order: ClassVar[int] = 100  # position in reports and the default matrix
-    label: ClassVar[str] = ""  # human name, e.g. "PyTorch DDP (torchrun)"
-    colour: ClassVar[str] = "#64748b"  # plots and the Benchmarks page
-    # engines.<name> in the config: a pydantic model of the platform's own settings; fields made
-    # with pipelines.config.deployment(...) are set by the deployment, never by a trigger
-    settings: ClassVar[type[BaseModel] | None] = None
-    # platform_mode -> what that mode leaves out of a deployed platform (the report's caveats)
-    mode_caveats: ClassVar[dict[str, str]] = {}
-    # the published study's overhead of this platform over DDP (fraction), where it measured one
-    study_overhead: ClassVar[float | None] = None
     # how the training rows reach the ranks, recorded as CellResult.data_feed: "files" = every rank
     # reads the token shards through the shared loop; "dataframe" = through Spark (spark_dataframe)
     data_feed: ClassVar[str] = "files"
-
-    def __init_subclass__(cls, **kwargs) -> None:
-        super().__init_subclass__(**kwargs)
-        if "name" in cls.__dict__:  # a platform; a shared base without a name is not
-            from pipelines import platforms
-
-            platforms.register(cls)
 
     def preflight(self, config: BenchmarkConfig, cells: list[tuple[str, int]]) -> list[str]:
         """Why the run cannot train these (strategy, workers) cells here, checked in seconds before
@@ -168,7 +150,7 @@ class TrainingBackend(ABC):
                 log.info("%s: training %s on %d worker(s) (attempt %d)", self.name, cell.name, world_size,
                          attempt.attempt)
                 # what the cell's processes use, ranks vs platform (pipelines.measure.resources; never fails the cell)
-                with resources.sample(cell, hosts, resources.daemons(self.name, paths)) as sampler:
+                with resources.sample(cell, hosts, self.daemons(paths)) as sampler:
                     if hosts:
                         with link_counters(hosts, cell.link_bytes), \
                                 faults.inject(config, cell, hosts, attempt.attempt, self.name):
@@ -187,7 +169,7 @@ class TrainingBackend(ABC):
                 raise
             history = attempts.end(cell, "ok", startup_seconds=result.startup_seconds)
         result = result.model_copy(update={
-            "backend": Backend(self.name), "repeat": repeat, "attempts": history, **attempts.totals(history),
+            "backend": self.name, "repeat": repeat, "attempts": history, **attempts.totals(history),
             "phases": cell_phases(result, history),
             **spec.config.strategy().result_fields(),
             "timed_window": TimedWindow(start=launch_time, end=history[-1].end, lock_wait_seconds=waited),
@@ -205,6 +187,13 @@ class TrainingBackend(ABC):
     @abstractmethod
     def launch(self, spec: CellSpec, launch_time: float) -> None:
         """Run ``pipelines.training.worker`` (or an equivalent) on spec.world_size processes."""
+
+    def daemons(self, paths: RunPaths) -> list[int]:
+        """Pids of processes the cell uses but does not start (the declaration's ``daemons``)."""
+        from pipelines import platforms
+
+        declared = platforms.get(self.name).daemons
+        return declared(paths) if declared else []
 
     def versions(self) -> dict[str, str]:
         """Versions of the backend's own libraries, recorded in the result."""

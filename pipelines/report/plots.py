@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipelines.config import Backend
+from pipelines import platforms
 from pipelines.runfolder.paths import DEFAULT_NETWORK, DEFAULT_STRATEGY
 from pipelines.report.network import bandwidth, format_bandwidth
 from pipelines.report.tables import PHASE_ORDER, backend_colour
@@ -167,7 +167,7 @@ def plot_accuracy_curves(results: list[CellResult], target: float, path: Path) -
 def plot_overhead(summary: RunSummary, path: Path) -> Path:
     plt, fig, ax = _figure()
     groups = _by_backend(summary)
-    others = [label for label in groups if _label_backend(label) != Backend.DDP]
+    others = [label for label in groups if _label_backend(label) != platforms.reference()]
     workers = sorted({a.workers for a in summary.aggregates})
     width = 0.8 / max(len(others), 1)
     for i, label in enumerate(others):

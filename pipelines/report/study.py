@@ -3,7 +3,7 @@ extra time goes, beside the study's figure, with the caveats of the modes this r
 
 from __future__ import annotations
 
-from pipelines.config import Backend
+from pipelines import platforms
 from pipelines.runfolder.paths import DEFAULT_NETWORK
 from pipelines.report.tables import PHASE_ORDER, _fmt, _md_table, _mode, _text, mode_caveat, study_overhead
 from pipelines.runfolder.summary import Aggregate, RunSummary
@@ -32,10 +32,11 @@ def _where_the_time_goes(a: Aggregate, ddp: Aggregate) -> str:
 def study_rows(summary: RunSummary) -> list[list[str]]:
     """Each platform's overhead over DDP here beside the study's, with this run's mode (the hardware
     and the study's setting are the section's first sentence: the same for every row)."""
-    ddp = {(a.network, a.workers): a for a in summary.aggregates if a.backend == Backend.DDP and a.repeats_ok}
+    reference = platforms.reference()
+    ddp = {(a.network, a.workers): a for a in summary.aggregates if a.backend == reference and a.repeats_ok}
     rows = []
     for a in summary.aggregates:
-        if a.backend == Backend.DDP or not a.repeats_ok or (a.network, a.workers) not in ddp:
+        if a.backend == reference or not a.repeats_ok or (a.network, a.workers) not in ddp:
             continue
         study = study_overhead(str(a.backend))
         workers = str(a.workers) if a.network == DEFAULT_NETWORK else f"{a.workers} ({a.network})"
@@ -59,12 +60,8 @@ def _study_lines(summary: RunSummary) -> list[str]:
                if (caveat := mode_caveat(backend, mode))]
     if caveats:  # a Markdown list needs a blank line before it, or it runs on as one paragraph
         lines += ["Local modes are not the platform's cluster overhead:", "", *caveats, ""]
-    notes = []
-    if {Backend.SPARK, Backend.SPARK_DATAFRAME} <= {a.backend for a in summary.aggregates if a.repeats_ok}:
-        notes.append("- spark and spark_dataframe are the same TorchDistributor run with two data feeds: each "
-                     "rank reads the token files (files feed), or the tokenized DataFrame's partitions reach "
-                     "the ranks through a Spark barrier stage (dataframe feed); their difference is what "
-                     "feeding the data through Spark costs.")
+    finished = dict.fromkeys(str(a.backend) for a in summary.aggregates if a.repeats_ok)
+    notes = [f"- {note}" for name in finished if (p := platforms.find(name)) and (note := p.study_note)]
     notes.append("- The study's percentages are its whole-run overheads on GPUs; this run's are per cell "
                  "(total = adapter entry to result, training = the training phase alone).")
     return lines + ["Notes:", "", *notes]

@@ -20,10 +20,7 @@ def _platform(backend: Any):
     """The registered platform of a backend name; None for one no longer registered (old runs)."""
     from pipelines import platforms
 
-    try:
-        return platforms.get(str(backend))
-    except platforms.UnknownPlatform:
-        return None
+    return platforms.find(str(backend))
 
 
 def mode_caveat(backend: Any, mode: str | None) -> str | None:

@@ -1,25 +1,24 @@
-"""Training backends behind one interface, and ``run_cell``, the entry point of a cell.
+"""A cell's entry point: ``run_cell`` trains one cell through its platform's adapter.
 
     from pipelines.run.cells import run_cell
-    result = run_cell(config, paths, Backend.DDP, workers=2, repeat=0)
+    result = run_cell(config, paths, "ddp", workers=2, repeat=0)
 
-``run_cell`` writes ``cells/<backend>[-<strategy>][-<network>]-w<N>-r<repeat>/result.json``; on failure it writes a
-result with ``status="failed"`` and the reason, then re-raises. Adding a platform = one module
-``pipelines/backends/<name>.py`` defining one ``TrainingBackend`` subclass decorated with
-``@pipelines.platforms.register`` (the registry finds every module here). Heavy libraries
-(torch, pyspark, determined, ray) are imported only when a cell runs, so importing this
-package is cheap (Airflow DAG parsing).
+``run_cell`` writes ``cells/<backend>[-<strategy>][-<network>]-w<N>-r<repeat>/result.json``; on
+failure it writes a result with ``status="failed"`` and the reason, then re-raises. The adapter
+is the class the platform's declaration names (``pipelines.platforms``), imported when a cell
+runs: heavy libraries (torch, pyspark, determined, ray) are never imported to read the registry.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import traceback
 from typing import TYPE_CHECKING
 
 from pipelines import platforms
 from pipelines.measure import attempts, faults
-from pipelines.config import Backend, BenchmarkConfig
+from pipelines.config import BenchmarkConfig
 from pipelines.runfolder.paths import DEFAULT_NETWORK, DEFAULT_STRATEGY, RunPaths
 from pipelines.runfolder.results import CellResult
 
@@ -30,11 +29,13 @@ log = logging.getLogger(__name__)
 
 
 def get_backend(backend: str) -> "TrainingBackend":
-    """The adapter of ``backend`` (``pipelines.platforms``)."""
-    return platforms.adapter(backend)
+    """The adapter of ``backend``: the class its declaration names (``pipelines.platforms``),
+    imported here, when a cell runs, so reading the registry stays cheap."""
+    module, _, cls = platforms.get(backend).adapter.partition(":")
+    return getattr(importlib.import_module(module), cls)()
 
 
-def run_cell(config: BenchmarkConfig, paths: RunPaths, backend: Backend, workers: int,
+def run_cell(config: BenchmarkConfig, paths: RunPaths, backend: str, workers: int,
              repeat: int = 0, strategy: str = DEFAULT_STRATEGY, hosts: list | None = None,
              network: str = DEFAULT_NETWORK, cluster: str = "local") -> CellResult:
     """Train one cell; always leaves a result.json (ok or failed) in the cell folder.
@@ -76,4 +77,4 @@ def preflight_problems(config: BenchmarkConfig, cells: list[tuple[str, str, int]
     return out
 
 
-__all__ = ["Backend", "get_backend", "preflight_problems", "run_cell"]
+__all__ = ["get_backend", "preflight_problems", "run_cell"]

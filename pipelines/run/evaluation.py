@@ -30,7 +30,8 @@ import logging
 import os
 import statistics
 
-from pipelines.config import Backend, BenchmarkConfig
+from pipelines import platforms
+from pipelines.config import BenchmarkConfig
 from pipelines.runfolder.paths import DEFAULT_NETWORK, DEFAULT_STRATEGY, RunPaths, cell_name
 from pipelines.runfolder.results import CellResult
 from pipelines.runfolder.summary import (Aggregate, CellRow, FailedCell, Hardware, Interval, PriceSheet, RunSummary,
@@ -42,7 +43,7 @@ log = logging.getLogger(__name__)
 NO_RESULT = "no result: cells/{cell}/result.json is missing (the training task never finished)"
 
 
-CellKey = tuple[Backend, str, str, int, int]  # (backend, strategy, network, workers, repeat)
+CellKey = tuple[str, str, str, int, int]  # (backend, strategy, network, workers, repeat)
 
 
 def read_cells(config: BenchmarkConfig, paths: RunPaths) -> dict[CellKey, CellResult | str]:
@@ -196,7 +197,7 @@ def _median_phases(rows: list[CellRow]) -> dict[str, float]:
     return {p: _stats([r.phases.get(p, 0.0) for r in rows if r.phases]).median for p in names}
 
 
-def _aggregate_one(config: BenchmarkConfig, backend: Backend, strategy: str, network: str, workers: int,
+def _aggregate_one(config: BenchmarkConfig, backend: str, strategy: str, network: str, workers: int,
                    rows: list[CellRow]) -> Aggregate:
     """Statistics over the repeats of one (backend, strategy, network, workers) that finished."""
     mine = [r for r in rows if (r.backend, r.strategy, r.network, r.workers) == (backend, strategy, network, workers)]
@@ -264,7 +265,7 @@ def _derive(aggregates: list[Aggregate]) -> list[Aggregate]:
         one = (by_key.get((agg.backend, agg.strategy, agg.network, 1))
                or by_key.get((agg.backend, DEFAULT_STRATEGY, agg.network, 1)))
         t_1 = one.training_seconds.median if one else None
-        ddp = by_key.get((Backend.DDP, agg.strategy, agg.network, agg.workers))
+        ddp = by_key.get((platforms.reference(), agg.strategy, agg.network, agg.workers))
         overhead = {}
         for what in ("total", "training"):
             mine = getattr(agg, f"{what}_seconds").median

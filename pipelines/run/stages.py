@@ -98,7 +98,7 @@ def data_stage(run_dir: str) -> dict:
 
 
 def planned_cells(run_dir: str) -> list[tuple[str, str, str, int, int]]:
-    """Every (backend, strategy, network, workers, repeat) of the run (Backend is a str: JSON-friendly)."""
+    """Every (backend, strategy, network, workers, repeat) of the run ."""
     config, _ = _load(run_dir)
     return config.cells()
 

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipelines.config import Backend
+
 from pipelines.runfolder.fileio import atomic_write_text
 
 
@@ -134,7 +134,7 @@ class CellResult(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    backend: Backend
+    backend: str  # the platform's name (a record: kept as written, registered or not)
     world_size: int
     repeat: int = 0
     # --- training strategy (pipelines.config.TrainingStrategy) ---------------------------------

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipelines.config import Backend
+
 from pipelines.runfolder.fileio import atomic_write_text
 from pipelines.runfolder.paths import RunPaths
 
@@ -41,7 +41,7 @@ class CellRow(BaseModel):
     fields + error."""
 
     cell: str
-    backend: Backend
+    backend: str  # the platform's name (a record: kept as written, registered or not)
     strategy: str = "default"  # pipelines.config.TrainingStrategy.name
     network: str = "local"  # CellResult.network: "local" (one host) or the hosts' link ("1gbit", ...)
     cluster: str = "local"  # CellResult.cluster: "local" | "emulated" | "ssh"
@@ -94,7 +94,7 @@ class Aggregate(BaseModel):
 
     # "<backend>[-<strategy>][-<network>]-w<N>": strategy only if not default, network only if not local
     key: str
-    backend: Backend
+    backend: str  # the platform's name (a record: kept as written, registered or not)
     strategy: str = "default"
     network: str = "local"
     cluster: str | None = None  # the cells' cluster kind (joined with "/" if they differ)

@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from pipelines.config import Backend, BenchmarkConfig
+from pipelines import platforms
+from pipelines.config import BenchmarkConfig
 from pipelines.runfolder.paths import DEFAULT_NETWORK, DEFAULT_STRATEGY, CellPaths, RunPaths
 from pipelines.measure.resources import RESOURCES_FILE, read_timeline
 from pipelines.runfolder.results import CellResult
@@ -23,7 +24,7 @@ log = logging.getLogger("pipelines.tracking.runs")  # one logger for all of trac
 SYSTEM_METRICS_INTERVAL_S = 2  # short cells still get a few samples
 
 
-def ensure_cell_run(client, config: BenchmarkConfig, paths: RunPaths, backend: Backend,
+def ensure_cell_run(client, config: BenchmarkConfig, paths: RunPaths, backend: str,
                     workers: int, repeat: int, strategy: str = DEFAULT_STRATEGY,
                     network: str = DEFAULT_NETWORK) -> str:
     """The nested run of one cell (reused across retries and re-logging)."""
@@ -34,7 +35,7 @@ def ensure_cell_run(client, config: BenchmarkConfig, paths: RunPaths, backend: B
     entry = ids.get(uri, {})
     if entry.get("parent_run_id") == parent_id and _live_run(client, entry.get("run_id")):
         return entry["run_id"]
-    backend = Backend(backend)
+    backend = platforms.check_name(backend)
     run = client.create_run(exp_id, run_name=cell.name, tags={
         "mlflow.parentRunId": parent_id, TAG_ROLE: "cell", "profile": config.profile,
         "backend": str(backend), "workers": str(workers), "repeat": str(repeat), "strategy": strategy,
@@ -158,7 +159,7 @@ def log_cell_result(client, run_id: str, cell: CellPaths) -> CellResult | None:
 # --- the training-time context manager -----------------------------------------------------
 
 @contextlib.contextmanager
-def cell_tracking(config: BenchmarkConfig, paths: RunPaths, backend: Backend, workers: int,
+def cell_tracking(config: BenchmarkConfig, paths: RunPaths, backend: str, workers: int,
                   repeat: int = 0, strategy: str = DEFAULT_STRATEGY,
                   network: str = DEFAULT_NETWORK) -> Iterator[str | None]:
     """Wrap the training of one cell; yields the nested run id (None if tracking is off)."""

@@ -11,8 +11,6 @@ module; it imports neither.
 from __future__ import annotations
 
 import importlib
-import importlib.util
-import inspect
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,26 +23,26 @@ from pipelines.runfolder.paths import CellPaths, RunPaths
 
 
 def platform_modules(config: BenchmarkConfig) -> list[tuple[str, str]]:
-    """(module, file) of each platform the config names that does not come with the project."""
+    """(package, file) of each platform the config names that does not come with the project:
+    the module that declares it (a plug-in, a test's platform folder)."""
     from pipelines import platforms
 
     named = {*config.matrix.backends, *(config.engines.__pydantic_extra__ or {})}
-    return sorted({(c.__module__, inspect.getfile(c)) for c in platforms.classes()
-                   if str(c.name) in named and str(c.name) not in platforms.default_names()})
+    return sorted({(p.package, sys.modules[p.package].__file__) for p in platforms.all_platforms()
+                   if p.name in named and not platforms.is_builtin(p)})
 
 
 def import_platform(module: str, file: str) -> None:
-    """Import the module defining a platform: by name, else from its file (a test module)."""
+    """Import the module declaring a platform: by name, else by putting the folder its dotted
+    name is relative to on the path (a platform folder under tests/, seen from a rank)."""
     if module in sys.modules:
         return
     try:
         importlib.import_module(module)
     except ModuleNotFoundError:
-        spec = importlib.util.spec_from_file_location(module, file)
-        if spec is None or spec.loader is None:
-            raise
-        sys.modules[module] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[module])
+        depth = module.count(".") + (2 if Path(file).name == "__init__.py" else 1)
+        sys.path.insert(0, str(Path(file).resolve().parents[depth - 1]))
+        importlib.import_module(module)
 
 
 class CellSpec(BaseModel):

@@ -20,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from pipelines import platforms
 from pipelines.runfolder.paths import RunPaths, safe_run_id
 from tests import fault_injection
 
@@ -146,13 +147,13 @@ def test_schedule_and_run_limits(dag):
 
 
 def test_params_mirror_the_config(dag):
-    from pipelines.config import PROFILES, Backend, field_paths
+    from pipelines.config import PROFILES, field_paths
     from pipelines.config.sections import DataConfig
 
     schema = {k: dag.params.get_param(k).schema for k in dag.params}
     assert schema["profile"]["enum"] == list(PROFILES)
-    assert schema["backends"]["items"]["enum"] == [b.value for b in Backend]
-    assert schema["backends"]["examples"] == [b.value for b in Backend]  # the UI's multi-select
+    assert schema["backends"]["items"]["enum"] == platforms.names()
+    assert schema["backends"]["examples"] == platforms.names()  # the UI's multi-select
     assert (schema["epochs"]["minimum"], schema["epochs"]["maximum"]) == (1, 1000)
     lr = schema["learning_rate"]
     assert (lr["exclusiveMinimum"], lr["exclusiveMaximum"]) == (0, 1)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines.config import Backend, load_config
+from pipelines import platforms
+from pipelines.config import load_config
 from pipelines.runfolder.paths import RunPaths
 from tests.token_shards import write_token_shards
 
@@ -39,7 +40,7 @@ def trained(bench_config, run_paths):
 
     def _get(backend: str, workers: int):
         if (backend, workers) not in cache:
-            cache[backend, workers] = run_cell(bench_config, run_paths, Backend(backend), workers, 0)
+            cache[backend, workers] = run_cell(bench_config, run_paths, platforms.check_name(backend), workers, 0)
         return cache[backend, workers]
 
     return _get

@@ -16,7 +16,6 @@ from pipelines.run.cells import run_cell
 from pipelines.platforms.ddp.adapter import DDPBackend
 from pipelines.runfolder.paths import CellPaths
 from pipelines.runfolder.results import CellResult
-from pipelines.config import Backend
 from pipelines.runfolder.paths import PROJECT_ROOT
 from pipelines.training import phases
 from tests import fault_injection
@@ -125,7 +124,7 @@ def test_failed_cell_leaves_a_failed_result(bench_config, run_paths, tmp_path):
     empty.snapshot.mkdir(parents=True)
     empty.manifest.write_text(run_paths.manifest.read_text())  # a task, but no token shards
     with pytest.raises(RuntimeError, match="torchrun exited"):
-        run_cell(bench_config, empty, Backend.DDP, 1, 0)
+        run_cell(bench_config, empty, "ddp", 1, 0)
     failed = CellResult.read(empty.cell("ddp", 1, 0).result)
     assert failed.status == "failed" and "no token shards" in failed.error
 

@@ -15,7 +15,7 @@ import pytest
 
 from pipelines.run.cells import run_cell
 from pipelines.platforms.ray.adapter import RayBackend, is_ray_process, local_cluster_options, worker_env_vars
-from pipelines.config import Backend, ConfigError, load_config
+from pipelines.config import ConfigError, load_config
 from pipelines.runfolder.paths import PROJECT_ROOT, CellPaths, RunPaths
 from pipelines.runfolder.results import CellResult
 from pipelines.measure.signals import stop_leftovers
@@ -65,7 +65,7 @@ def ray_cells(trained):
 def test_ray_cell_returns_a_complete_result(ray_cells, run_paths, workers):
     result = ray_cells(workers)
     assert result.status == "ok" and result.error is None
-    assert result.backend == Backend.RAY and result.world_size == workers
+    assert result.backend == "ray" and result.world_size == workers
     assert result.platform_mode == "local-cluster"
     assert result.versions["launcher"] == "TorchTrainer" and result.versions["ray"] == "2.60.0"
     assert result.versions["ray_model_wrapper"] == "project-ddp"
@@ -99,7 +99,7 @@ def test_failed_ray_cell_leaves_a_failed_result_and_no_ray_process(bench_config,
     empty.manifest.write_text(run_paths.manifest.read_text())  # a task, but no token shards
     before = ray_processes()
     with pytest.raises(Exception, match="no token shards"):
-        run_cell(bench_config, empty, Backend.RAY, 2, 0)
+        run_cell(bench_config, empty, "ray", 2, 0)
     failed = CellResult.read(empty.cell("ray", 2, 0).result)
     assert failed.status == "failed" and "no token shards" in failed.error
     assert_no_new_ray_processes(before)

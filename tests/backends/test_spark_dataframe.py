@@ -14,7 +14,7 @@ from pipelines.engines import spark_cluster
 from pipelines.run import preflight
 from pipelines.platforms.spark.adapter import SparkBackend
 from pipelines.platforms.spark.dataframe import FEED_RECORD, SparkDataFrameBackend, partition_plan
-from pipelines.config import Backend, ConfigError, load_config
+from pipelines.config import ConfigError, load_config
 from pipelines.runfolder.paths import RunPaths
 from pipelines.runfolder.results import CellResult
 from pipelines.training import phases
@@ -62,7 +62,7 @@ def files_cell(cluster_config, feed_paths) -> CellResult:
 
 def test_the_result_shows_the_cluster_mode_the_feed_and_the_executors(dataframe_cell, files_cell, feed_paths):
     result = dataframe_cell
-    assert result.status == "ok" and result.backend == Backend.SPARK_DATAFRAME and result.world_size == 2
+    assert result.status == "ok" and result.backend == "spark_dataframe" and result.world_size == 2
     assert (result.platform_mode, result.data_feed) == ("cluster", "dataframe")
     assert (files_cell.platform_mode, files_cell.data_feed) == ("cluster", "files")
     assert len(result.placements) == 2 and all(" executor app-" in p for p in result.placements)
@@ -112,17 +112,17 @@ def test_a_local_master_is_refused_before_the_cell_starts(bench_config, run_path
     with pytest.raises(ConfigError, match=r"spark_master='local\[2\]'.*'embedded'.*spark://host:7077"):
         SparkDataFrameBackend().run(bench_config, 2, paths=run_paths, cell=cell)
     assert not cell.attempts.exists() and not cell.spec.exists()  # nothing started
-    asked = bench_config.model_copy(update={"backends": [Backend.SPARK_DATAFRAME]})
+    asked = bench_config.model_copy(update={"backends": ["spark_dataframe"]})
     assert any("cannot run the spark_dataframe backend" in p for p in preflight.problems(asked))
     with pytest.raises(ConfigError, match="spark_dataframe"):
         preflight.check(asked)
 
 
 def test_profiles_with_a_cluster_include_the_feed_and_smoke_does_not():
-    assert Backend.SPARK_DATAFRAME not in load_config("smoke").backends  # local[*]
+    assert "spark_dataframe" not in load_config("smoke").backends  # local[*]
     for profile in ("nightly", "paper"):  # the embedded cluster
         config = load_config(profile)
-        assert config.spark_master == "embedded" and Backend.SPARK_DATAFRAME in config.backends
+        assert config.spark_master == "embedded" and "spark_dataframe" in config.backends
 
 
 def test_the_plan_pads_uneven_rows_like_distributed_sampler():

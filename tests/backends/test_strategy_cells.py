@@ -14,7 +14,7 @@ import torch
 
 from pipelines.run.cells import run_cell
 from pipelines.platforms.contract import UnsupportedStrategy
-from pipelines.config import Backend, TrainingStrategy, load_config
+from pipelines.config import TrainingStrategy, load_config
 from pipelines.runfolder.paths import RunPaths
 from pipelines.runfolder.results import CellResult
 
@@ -27,7 +27,7 @@ def strategy_config(bench_config):
 
 
 def test_fsdp_cell_trains_on_two_cpu_ranks(strategy_config, run_paths):
-    result = run_cell(strategy_config, run_paths, Backend.DDP, 2, 0, strategy="fsdp")
+    result = run_cell(strategy_config, run_paths, "ddp", 2, 0, strategy="fsdp")
     assert result.status == "ok" and result.strategy == "fsdp" and result.sharding == "fsdp"
     assert run_paths.cell("ddp", 2, 0, "fsdp").root.name == "ddp-fsdp-w2-r0"
     assert len(result.epochs) == strategy_config.epochs and result.test.accuracy > 0
@@ -44,7 +44,7 @@ def test_fsdp_cell_trains_on_two_cpu_ranks(strategy_config, run_paths):
 
 
 def test_powersgd_cell_records_strategy_and_bytes(strategy_config, run_paths):
-    result = run_cell(strategy_config, run_paths, Backend.DDP, 2, 0, strategy="powersgd-r2")
+    result = run_cell(strategy_config, run_paths, "ddp", 2, 0, strategy="powersgd-r2")
     on_disk = CellResult.read(run_paths.cell("ddp", 2, 0, "powersgd-r2").result)
     assert on_disk.strategy == "powersgd-r2" and on_disk.comm_hook == "powersgd" and on_disk.powersgd_rank == 2
     assert result.status == "ok" and all(e.train_loss == e.train_loss for e in result.epochs)
@@ -60,7 +60,7 @@ def _bert(result: CellResult) -> torch.nn.Module:
 
 def test_determined_refuses_comm_strategies_before_the_cell_starts(strategy_config, run_paths):
     with pytest.raises(UnsupportedStrategy, match="powersgd-r2.*determined.*own DistributedDataParallel"):
-        run_cell(strategy_config, run_paths, Backend.DETERMINED, 2, 0, strategy="powersgd-r2")
+        run_cell(strategy_config, run_paths, "determined", 2, 0, strategy="powersgd-r2")
     cell = run_paths.cell("determined", 2, 0, "powersgd-r2")
     assert not cell.spec.exists()  # nothing was launched
     failed = CellResult.read(cell.result)
@@ -68,14 +68,14 @@ def test_determined_refuses_comm_strategies_before_the_cell_starts(strategy_conf
     # ... and the whole run is refused up front by the pre-flight check
     from pipelines.run.cells import preflight_problems
 
-    both = strategy_config.model_copy(update={"backends": [Backend.DDP, Backend.DETERMINED]})
+    both = strategy_config.model_copy(update={"backends": ["ddp", "determined"]})
     assert any("determined" in r for r in preflight_problems(both))
     assert preflight_problems(both, [("ddp", "powersgd-r2", 2)]) == []  # one cell: only its own platform
 
 
 def test_determined_runs_the_imbalance_strategies(strategy_config, run_paths):
     config = strategy_config.model_copy(update={"strategies": [TrainingStrategy(imbalance="weighted_loss")]})
-    result = run_cell(config, run_paths, Backend.DETERMINED, 1, 0, strategy="weighted_loss")
+    result = run_cell(config, run_paths, "determined", 1, 0, strategy="weighted_loss")
     assert result.status == "ok" and result.strategy == "weighted_loss" and result.imbalance == "weighted_loss"
     assert run_paths.cell("determined", 1, 0, "weighted_loss").result.exists() and result.test.accuracy > 0
 
@@ -84,7 +84,7 @@ def test_comm_strategies_have_no_one_worker_cell(strategy_config, run_paths):
     assert ("powersgd-r2", 1) in strategy_config.not_applicable_cells()
     assert all(not (s != "default" and n == 1) for _, s, _, n, _ in strategy_config.cells())
     with pytest.raises(UnsupportedStrategy, match="1 worker: not applicable"):
-        run_cell(strategy_config, run_paths, Backend.DDP, 1, 0, strategy="fsdp")
+        run_cell(strategy_config, run_paths, "ddp", 1, 0, strategy="fsdp")
 
 
 # --- imbalance ----------------------------------------------------------------------------------
@@ -135,8 +135,8 @@ def test_class_ratio_builds_an_imbalanced_train_sample(imbalanced_run):
 @pytest.mark.heavy  # ~2 min of learning; CI: the strategy cells train and record (test_determined_runs_the_imbalance_strategies)
 def test_weighted_sampler_raises_minority_recall(imbalanced_run):
     config, paths, _ = imbalanced_run
-    plain = run_cell(config, paths, Backend.DDP, 1, 0, strategy="default")
-    weighted = run_cell(config, paths, Backend.DDP, 1, 0, strategy="weighted_sampler")
+    plain = run_cell(config, paths, "ddp", 1, 0, strategy="default")
+    weighted = run_cell(config, paths, "ddp", 1, 0, strategy="weighted_sampler")
     recall = {name: [c.recall for c in r.test.per_class] for name, r in
               (("plain", plain), ("weighted", weighted))}
     print("per-class test recall:", recall)

@@ -6,7 +6,6 @@ import torch
 from torch.utils.data import TensorDataset
 
 from pipelines.training.cell import CellSpec
-from pipelines.config import Backend
 from pipelines.runfolder.paths import RunPaths
 from pipelines.training import loop
 from pipelines.training.distributed import DistEnv
@@ -17,7 +16,7 @@ def _env(rank, world):
 
 
 def _spec(config, tmp_path, world=2):
-    return CellSpec(config=config, run_root=tmp_path, cell_dir=tmp_path / "cell", backend=Backend.DDP,
+    return CellSpec(config=config, run_root=tmp_path, cell_dir=tmp_path / "cell", backend="ddp",
                     world_size=world, repeat=0, labels=[0, 1])
 
 

@@ -9,7 +9,7 @@ with its own node rank (tests/scaleout/test_multinode_ddp.py does it on loopback
 
     cfg = read_config(paths.config).model_copy(update=dict(
         ddp_nnodes=2, ddp_node_rank=K, ddp_rdzv_endpoint="node0:29400"))
-    run_cell(cfg, paths, Backend.DDP, workers=4)          # on node K = 0, 1: 2 processes each
+    run_cell(cfg, paths, "ddp", workers=4)          # on node K = 0, 1: 2 processes each
 
 Each node starts ``workers / ddp_nnodes`` processes (not divisible -> ``ValueError``). The
 rendezvous is torchrun's *static* one, so global rank = node_rank * nproc_per_node +
@@ -45,11 +45,9 @@ import os
 import time
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
-
 from pipelines.platforms.contract import TrainingBackend
 from pipelines.training.cell import CellSpec
-from pipelines.config import Backend, BenchmarkConfig, deployment
+from pipelines.config import BenchmarkConfig
 from pipelines.runfolder.fileio import atomic_write_json
 from pipelines.platforms.torchrun import (execute, execute_on_hosts, free_port_on, host_env, host_nproc, host_placements,
                               host_torchrun_commands, launch_env, nproc_per_node, worker_command)
@@ -83,22 +81,8 @@ def wait_for_new_result(path: Path, before: tuple[int, int] | None, timeout: flo
         time.sleep(interval)
 
 
-class DDPSettings(BaseModel):
-    """``engines.ddp``: several nodes (every node runs the same cell with its own node rank)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    nnodes: int = deployment(1, flat="ddp_nnodes", ge=1)
-    node_rank: int = deployment(0, flat="ddp_node_rank", ge=0)
-    rdzv_endpoint: str | None = deployment(None, flat="ddp_rdzv_endpoint")  # host:port; None -> --standalone
-
-
 class DDPBackend(TrainingBackend):
-    name = Backend.DDP
-    order = 0
-    label = "PyTorch DDP (torchrun)"
-    colour = "#1d4ed8"
-    settings = DDPSettings
+    name = "ddp"
 
     def run(self, config: BenchmarkConfig, world_size: int, *, paths: RunPaths,
             cell: CellPaths | None = None, repeat: int = 0, strategy: str | None = None,

@@ -37,11 +37,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
-
 from pipelines.platforms.contract import TrainingBackend
 from pipelines.training.cell import CellSpec
-from pipelines.config import Backend, BenchmarkConfig, TrainingStrategy, deployment
+from pipelines.config import BenchmarkConfig, TrainingStrategy
 from pipelines.runfolder.fileio import atomic_write_json
 from pipelines.platforms.torchrun import (execute, execute_on_hosts, host_env, host_nproc, host_placements,
                               host_torchrun_commands, launch_env, worker_command)
@@ -53,11 +51,6 @@ TRIAL_MODULE = "pipelines.platforms.determined.trial"
 SEARCHER_METRIC = "loss_sum"  # summed over the fixed test split: proportional to the mean
 # Determined's chief ZMQ ports (determined.constants reads these at import)
 ZMQ_PORT_ENV = ("INTER_TRAIN_PROCESS_COMM_PORT_1", "INTER_TRAIN_PROCESS_COMM_PORT_2")
-_LOCAL_CAVEAT = ("Determined's Trainer runs in-process under torchrun: no master, no scheduling, "
-                 "no checkpoint upload. It measures the Trainer's own bookkeeping, not a "
-                 "Determined cluster's overhead.")
-
-
 def experiment_config(config: BenchmarkConfig, world_size: int, cell_dir: Path,
                       launch_time: float = 0.0, train_records: int | None = None) -> dict:
     """The Determined experiment config for one cell (also the local Trainer's exp_conf).
@@ -132,23 +125,8 @@ def submit_experiment(conf: dict, master: str) -> int:
     return experiment.id
 
 
-class DeterminedSettings(BaseModel):
-    """``engines.determined``: None = the local Trainer; else the master experiments go to."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    master: str | None = deployment(None, env="BENCHMARK_DETERMINED_MASTER", flat="determined_master")
-
-
 class DeterminedBackend(TrainingBackend):
-    name = Backend.DETERMINED
-    order = 20
-    label = "Determined AI"
-    colour = "#047857"
-    settings = DeterminedSettings
-    study_overhead = 0.21  # the study: Determined 1.21x DDP's time
-    # the report looks modes up exactly: one caveat for one host and for local-<k>-nodes
-    mode_caveats = {"local": _LOCAL_CAVEAT, **{f"local-{k}-nodes": _LOCAL_CAVEAT for k in range(2, 65)}}
+    name = "determined"
 
     def strategy_refusal(self, strategy: TrainingStrategy, world_size: int) -> str | None:
         """The Trainer wraps the model in its own DDP (``context.wrap_model``) and steps the

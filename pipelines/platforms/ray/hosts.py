@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.measure import signals
+from pipelines.platforms.ray import trainer
 from pipelines.training.cell import CellSpec
 from pipelines.platforms.torchrun import HOST_IFNAME, TAIL_LINES, free_port_on, host_nproc
 
@@ -105,17 +106,10 @@ def placement_strategy(world_size: int, n_hosts: int) -> str:
     return "STRICT_SPREAD" if world_size == n_hosts else "SPREAD"
 
 
-def _ray_platform():
-    """The ray platform's module (through the registry: it imports this one to launch on hosts)."""
-    from pipelines import platforms
-
-    return sys.modules[type(platforms.adapter("ray")).__module__]
-
-
 def process_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     """Environment of the nodes and the driver: this project first on PYTHONPATH; none of the
     launch's own Ray settings (``OWN_ENV``: the address is explicit, the token the launch's)."""
-    worker_env_vars = _ray_platform().worker_env_vars
+    worker_env_vars = trainer.worker_env_vars
     env = {k: v for k, v in (os.environ if base is None else base).items() if k not in OWN_ENV}
     env["PYTHONPATH"] = worker_env_vars(env)["PYTHONPATH"]
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -127,7 +121,7 @@ def process_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
 def workers_runtime_env(base: Mapping[str, str] | None = None, ifname: str = HOST_IFNAME) -> dict:
     """The Ray Train workers' runtime env: the local path's, plus gloo / TensorPipe / NCCL on the
     hosts' interface (left to itself gloo picks the one the host name resolves to)."""
-    env = _ray_platform().worker_env_vars(dict(os.environ if base is None else base))
+    env = trainer.worker_env_vars(dict(os.environ if base is None else base))
     env.update(GLOO_SOCKET_IFNAME=ifname, TP_SOCKET_IFNAME=ifname, NCCL_SOCKET_IFNAME=ifname)
     env[DRIVER_LOG_ENV] = "1"
     return {"env_vars": env}
@@ -159,7 +153,7 @@ class Output:
 
 
 def project_root() -> str:
-    return _ray_platform().project_root()
+    return trainer.project_root()
 
 
 def _start(host: Any, argv: list[str], env: dict[str, str], log_path: Path, label: str,
@@ -303,7 +297,6 @@ def drive(cell_dir: str, launch_time: float, address: str, nodes: int,
     """The driver on hosts[0]: join the cluster, wait for its nodes, run the cell's TorchTrainer."""
     import ray
 
-    fit, torch_trainer = _ray_platform().fit, _ray_platform().torch_trainer
     spec = CellSpec.read(cell_dir)
     runtime_env = workers_runtime_env()
     handlers = signals.RaiseOnceHandlers("Ray's cluster shut down")  # as in RayBackend.launch
@@ -313,7 +306,7 @@ def drive(cell_dir: str, launch_time: float, address: str, nodes: int,
         handlers.raise_once()
         wait_for_nodes(nodes, node_wait_s)
         strategy = placement_strategy(spec.world_size, nodes)
-        fit(torch_trainer(spec, launch_time, runtime_env, placement_strategy=strategy), handlers)
+        trainer.fit(trainer.torch_trainer(spec, launch_time, runtime_env, placement_strategy=strategy), handlers)
     finally:
         ray.shutdown()
         handlers.restore()

@@ -1,0 +1,67 @@
+"""Spark TorchDistributor, with two data feeds: each rank reads the token files (``spark``), or
+gets its rows through a Spark DataFrame (``spark_dataframe``).
+
+``adapter.py`` / ``dataframe.py``: the two adapters; ``distributor.py``: the cell's SparkSession
+and TorchDistributor call they share; ``hosts.py``: a standalone cluster built on the run's
+hosts; ``feed.py``: the dataframe feed's training process. The Spark engine itself (session,
+the run's embedded cluster) is ``pipelines.engines``: the data stage uses it too.
+"""
+
+import json
+import logging
+
+from pydantic import BaseModel, ConfigDict, field_validator
+
+from pipelines.config.fields import deployment
+from pipelines.platforms import Platform, register
+
+log = logging.getLogger(__name__)
+
+
+class SparkSettings(BaseModel):
+    """``engines.spark`` (both Spark data feeds): where TorchDistributor's tasks run."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # "local[*]" (TorchDistributor local mode: torchrun on the driver), "embedded" (a standalone
+    # cluster the run starts and stops: pipelines.engines.spark_cluster) or a cluster URL spark://host:7077
+    master: str = deployment("local[*]", env="BENCHMARK_SPARK_MASTER", flat="spark_master")
+
+    @field_validator("master")
+    @classmethod
+    def _known_master(cls, v: str) -> str:
+        if v == "embedded" or v == "local" or v.startswith(("local[", "spark://", "k8s://", "yarn")):
+            return v
+        raise ValueError("must be local[N|*], embedded (the run's own standalone cluster) or a cluster "
+                         "master URL (spark://host:7077, k8s://..., yarn)")
+
+
+def embedded_cluster_pids(paths) -> list[int]:
+    """What a Spark cell uses but does not start: the run's embedded Spark Master and Workers."""
+    try:
+        info = paths.spark_cluster_info
+        return [int(p) for p in json.loads(info.read_text()).get("pids", [])] if info.exists() else []
+    except Exception as err:  # a measure: never a reason to fail the cell
+        log.warning("resources: the embedded Spark cluster's pids are unreadable: %s", err)
+        return []
+
+
+_COMMON = dict(daemons=embedded_cluster_pids, process_kinds=(("pyspark", "pyspark_worker"),),
+               services=("pipelines.engines.spark_cluster:EMBEDDED_SERVICE",))
+PLATFORM = register(Platform(
+    name="spark", adapter=f"{__name__}.adapter:SparkBackend", order=10, label="Spark TorchDistributor",
+    colour="#c2410c", settings=SparkSettings, study_overhead=1.87,  # the study: Spark 2.87x DDP's time
+    mode_caveats={"local": "TorchDistributor in local mode starts torchrun on the driver: no executor, no "
+                           "barrier stage, each rank reads the token files itself. It measures a SparkSession "
+                           "plus TorchDistributor's launch, not a Spark cluster's scheduling or data feed."},
+    **_COMMON))
+DATAFRAME = register(Platform(
+    name="spark_dataframe", adapter=f"{__name__}.dataframe:SparkDataFrameBackend", order=40,
+    label="Spark TorchDistributor (DataFrame feed)", colour="#b45309",  # engines.spark: the same Spark
+    study_overhead=1.87,  # the study's one Spark figure, beside both data feeds
+    smoke=False,  # needs executors: the smoke profile's local master has none
+    study_note=("spark and spark_dataframe are the same TorchDistributor run with two data feeds: each rank "
+                "reads the token files (files feed), or the tokenized DataFrame's partitions reach the ranks "
+                "through a Spark barrier stage (dataframe feed); their difference is what feeding the data "
+                "through Spark costs."),
+    **_COMMON))

@@ -39,7 +39,8 @@ from typing import ClassVar
 from pipelines.platforms.spark import distributor as spark_torch
 from pipelines.platforms.contract import TrainingBackend
 from pipelines.training.cell import CellSpec
-from pipelines.config import Backend, BenchmarkConfig, ConfigError, is_local_spark_master
+from pipelines.config import BenchmarkConfig, ConfigError
+from pipelines.platforms.spark.distributor import is_local_master
 from pipelines.runfolder.fileio import atomic_write_json
 from pipelines.runfolder.paths import CellPaths, RunPaths
 from pipelines.platforms.spark.hosts import SparkOnHosts
@@ -50,7 +51,7 @@ FEED_RECORD = "data_feed.json"
 
 def local_master_refusal(master: str) -> str | None:
     """Why ``master`` cannot run the dataframe feed, or None when it can."""
-    if not is_local_spark_master(master):
+    if not is_local_master(master):
         return None
     return (f"spark_master={master!r} cannot run the spark_dataframe backend: it feeds the training rows "
             "to the ranks in Spark barrier tasks on executors, and a local master has none. Set "
@@ -139,13 +140,7 @@ def training_frame(spark, paths: RunPaths, world_size: int, seed: int):
 
 
 class SparkDataFrameBackend(SparkOnHosts, TrainingBackend):
-    name = Backend.SPARK_DATAFRAME
-    order = 40
-    label = "Spark TorchDistributor (DataFrame feed)"
-    colour = "#b45309"
-    settings = None  # engines.spark: the same Spark as the files feed
-    study_overhead = 1.87  # the study's one Spark figure, beside both data feeds
-    mode_caveats = {}
+    name = "spark_dataframe"
     data_feed = "dataframe"
     # the rank side (a pipelines.training.distributed.TorchDistributed subclass); None = the
     # default, pipelines.platforms.spark.feed.SparkPartitionFeed (imported in the ranks only)

@@ -42,6 +42,11 @@ DISCOVERY_SCRIPT = Path(__file__).parent / "gpu_discovery.sh"
 TrainStep = Callable[[object, object, CellSpec, float], None]
 
 
+def is_local_master(master: str) -> bool:
+    """``local`` / ``local[N]``: no executors, so no barrier tasks (TorchDistributor's local mode)."""
+    return master == "local" or master.startswith("local[")
+
+
 def distributor_settings(config: BenchmarkConfig, world_size: int, cuda: bool, master: str | None = None) -> dict:
     """Keyword arguments for ``TorchDistributor`` (pure: testable without Spark); ``master``: the
     URL the session uses when it is not the configured one (a cluster across hosts)."""

@@ -27,7 +27,6 @@ Each rank reports its own host (``pipelines.training.distributed.placement``): t
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import subprocess
@@ -94,7 +93,7 @@ def driver_argv(cell_dir: Path, launch_time: float, master: str, feed: str,
                 python: str = sys.executable) -> list[str]:
     if feed not in FEEDS:
         raise ValueError(f"feed must be one of {FEEDS}; got {feed!r}")
-    return [python, "-m", "pipelines.platforms.spark.hosts", "--cell-dir", str(cell_dir), "--launch-time", repr(launch_time),
+    return [python, "-m", "pipelines.platforms.spark.driver", "--cell-dir", str(cell_dir), "--launch-time", repr(launch_time),
             "--master", master, "--feed", feed]
 
 
@@ -197,31 +196,3 @@ class SparkOnHosts:
         if forget:
             return self._hosts_by_cell().pop(spec.cell_dir, None)
         return self._hosts_by_cell().get(spec.cell_dir)
-
-
-def drive(cell_dir: str, launch_time: float, master: str, feed: str) -> None:
-    """The driver (on hosts[0]): the cell's session on ``master``, the backend's training step."""
-    from pipelines import platforms
-    from pipelines.platforms.spark import distributor as spark_torch
-
-    spec = CellSpec.read(cell_dir)
-    backend = platforms.adapter(spec.backend)
-    if getattr(backend, "data_feed", None) != feed:
-        raise ValueError(f"--feed {feed}: the cell's backend {spec.backend} feeds {backend.data_feed!r}")
-    address = os.environ["SPARK_LOCAL_IP"]
-    spark_torch.run_distributor(spec, launch_time, backend.train, master=master, conf=session_conf(address))
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="the Spark driver of a cell across hosts")
-    parser.add_argument("--cell-dir", required=True)
-    parser.add_argument("--launch-time", type=float, required=True)
-    parser.add_argument("--master", required=True, help="spark://<host0 address>:<port>")
-    parser.add_argument("--feed", required=True, choices=FEEDS)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s driver: %(message)s")
-    drive(args.cell_dir, args.launch_time, args.master, args.feed)
-
-
-if __name__ == "__main__":
-    main()

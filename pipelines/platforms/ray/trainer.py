@@ -1,0 +1,105 @@
+"""What a Ray Train cell needs wherever its driver runs (this host, or hosts[0] of a cluster built
+on the run's hosts, ``hosts.py``): the workers' environment, the cell's ``TorchTrainer`` over
+the shared loop (``worker.py``), and ``fit`` with signals winning over Ray's own error.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import pipelines
+from pipelines.measure import signals
+from pipelines.training.cell import CellSpec
+
+log = logging.getLogger(__name__)
+# Settings of the driver that the workers need too (a remote cluster's workers do not inherit
+# the driver's environment; a local one's do, and get the same values).
+FORWARDED_ENV_PREFIXES = ("PIPELINES_", "HF_", "TRANSFORMERS_", "TOKENIZERS_")
+
+
+def project_root() -> str:
+    """The folder holding the ``pipelines`` package this driver imported (a worktree's, too)."""
+    return str(Path(pipelines.__file__).resolve().parent.parent)
+
+
+def worker_env_vars(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment of the Ray Train workers: this project first on PYTHONPATH, plus the
+    forwarded settings (pure: testable without Ray)."""
+    environ = dict(os.environ if environ is None else environ)
+    path = [project_root(), *(p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    out = {k: v for k, v in environ.items() if k.startswith(FORWARDED_ENV_PREFIXES)}
+    out["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(path))
+    out.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return out
+
+
+def local_cluster_options(world_size: int, threads: int, pid: int | None = None) -> dict:
+    """``ray.init`` keyword arguments for the cell's own local cluster (pure)."""
+    return {
+        "address": "local",  # always a new cluster: never join one found via RAY_ADDRESS
+        "include_dashboard": False,
+        "num_cpus": max(os.cpu_count() or 1, world_size * threads),  # N workers must fit
+        "_node_ip_address": "127.0.0.1",
+        "_temp_dir": f"/tmp/ray-{pid or os.getpid()}",  # short: Unix socket paths max ~107 chars
+        "log_to_driver": True,
+    }
+
+
+def is_ray_process(cmdline: list[str]) -> bool:
+    """Ray's binaries and workers run from the ray package (``.../ray/raylet/raylet``,
+    ``.../ray/_private/workers/default_worker.py``); actors rename themselves ``ray::<name>``."""
+    text = " ".join(cmdline)
+    return "/ray/" in text or text.startswith("ray::")
+
+
+def cluster_processes() -> list:
+    """The local cluster's processes: this driver's descendants that are Ray's (GCS, raylet, the
+    workers and actors the raylet started), never anything else the driver's process started."""
+    import psutil
+
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if is_ray_process(proc.cmdline()):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return found
+
+
+def torch_trainer(spec: CellSpec, launch_time: float, runtime_env: dict, placement_strategy: str = "PACK"):
+    """The cell's ``TorchTrainer`` (the shared loop in every worker), for an initialised Ray:
+    the local cluster, a joined one, or one built on launch hosts (``pipelines.platforms.ray.hosts``)."""
+    import torch
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    from pipelines.training.checkpoint import KEEP
+    from pipelines.platforms.ray.worker import train_loop_per_worker
+
+    return TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={"cell_dir": str(spec.cell_dir), "launch_time": launch_time},
+        scaling_config=ScalingConfig(num_workers=spec.world_size, use_gpu=torch.cuda.is_available(),
+                                     resources_per_worker={"CPU": spec.config.training.threads_per_worker},
+                                     placement_strategy=placement_strategy),
+        run_config=RunConfig(
+            storage_path=str(spec.cell_dir / "ray"), name=spec.cell_dir.name,
+            failure_config=FailureConfig(max_failures=spec.config.matrix.platform_retries),  # Ray's own recovery
+            checkpoint_config=CheckpointConfig(num_to_keep=KEEP),  # as many as the loop keeps
+            worker_runtime_env=runtime_env),
+    )
+
+
+def fit(trainer, handlers: signals.RaiseOnceHandlers) -> None:
+    """``trainer.fit()``; a signal received meanwhile (``handlers``) wins over Ray's own error."""
+    try:
+        result = trainer.fit()  # raises ray.train.TrainingFailedError when a worker failed
+    except BaseException as err:
+        raise handlers.terminated() or signals.cause_of(err) or err  # Ray wraps it in a SystemError
+    if handlers.terminated():  # Ray swallowed the handler's exception: stop now all the same
+        raise handlers.terminated()
+    log.info("ray: run %s finished; latest checkpoint %s", result.path,
+             result.checkpoint.path if result.checkpoint else None)
