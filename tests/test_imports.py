@@ -1,7 +1,11 @@
 """The package's import graph: no cycle, no upward import, no sys.path edits, one PROJECT_ROOT.
 
 Walks every module's import statements (module level and inside functions) with ``ast``, so
-it checks the code as written, not what one test run happens to import.
+it checks the code as written, not what one test run happens to import. Loads made at run time
+count too: ``importlib.import_module`` / ``__import__`` with a literal name is an edge to that
+module; one with a computed name must be declared in ``DYNAMIC_IMPORTS`` with the modules it
+can load (read from the live registry), and ``sys.modules[<computed>]`` reads are refused. An
+import of ``a.b.c`` runs ``a/__init__`` and ``a/b/__init__`` first: those are edges too.
 """
 
 from __future__ import annotations
@@ -9,18 +13,47 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
+from pipelines import platforms
 from pipelines.runfolder.paths import PROJECT_ROOT
 
 PACKAGE = PROJECT_ROOT / "pipelines"
+_LOADERS = {"import_module", "__import__"}
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(PROJECT_ROOT).with_suffix("").parts
+def dynamic_imports() -> dict[str, list[str]]:
+    """Module -> what its computed-name loads can import (everything they can, from the registry)."""
+    return {
+        "pipelines.platforms": [f"pipelines.platforms.{name}" for name in platforms.BUILTIN],  # declarations
+        "pipelines.run.cells": [p.adapter.partition(":")[0] for p in platforms.all_platforms()],  # adapters
+        "pipelines.training.cell": [p.package for p in platforms.all_platforms() if not platforms.is_builtin(p)],
+        "pipelines.training.loop": [],  # PIPELINES_EPOCH_END_HOOK: a test's or a user's module, never ours
+    }
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports(path: Path) -> set[str]:
-    """pipelines.* modules imported by this file (``from a import b`` counts a.b if a module)."""
+def _loads(node: ast.AST) -> tuple[str | None, bool] | None:
+    """(literal module name or None, is a load) for an importlib / sys.modules call or read."""
+    if isinstance(node, ast.Call):
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        if name in _LOADERS and node.args:
+            arg = node.args[0]
+            return (arg.value if isinstance(arg, ast.Constant) and isinstance(arg.value, str) else None), True
+    if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and isinstance(node.value, ast.Attribute) \
+            and node.value.attr == "modules" and getattr(node.value.value, "id", None) == "sys":
+        key = node.slice
+        return (key.value if isinstance(key, ast.Constant) else None), True
+    return None
+
+
+def _imports(path: Path, top: str, dynamic: dict[str, list[str]], module: str) -> set[str]:
+    """``top``.* modules imported by this file (``from a import b`` counts a.b if a module)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
@@ -28,15 +61,36 @@ def _imports(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.add(node.module)
             found.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return {name for name in found if name.split(".")[0] == "pipelines"}
+        elif (load := _loads(node)) is not None:
+            name, _ = load
+            if name is not None:
+                found.add(name)
+            elif module not in dynamic:
+                raise AssertionError(f"{module}: a computed-name import or sys.modules read; declare what it can "
+                                     "load in tests/test_imports.py DYNAMIC_IMPORTS")
+            else:
+                found.update(dynamic[module])
+    return {name for name in found if name.split(".")[0] == top}
 
 
-def import_graph() -> dict[str, set[str]]:
-    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
-    return {name: {m for m in _imports(path) if m in modules and m != name} for name, path in modules.items()}
+def import_graph(root: Path = PROJECT_ROOT, top: str = "pipelines",
+                 dynamic: dict[str, list[str]] | None = None) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports, statically or by a load at run time, and
+    the parent packages those imports run first."""
+    dynamic = dynamic_imports() if dynamic is None else dynamic
+    modules = {_module_name(p, root): p for p in (root / top).rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        deps = set()
+        for dep in _imports(path, top, dynamic, name):
+            parts = dep.split(".")
+            deps.update(".".join(parts[:k]) for k in range(2, len(parts) + 1))  # a.b.c runs a.b first
+        # importing a.b runs a/__init__: a submodule's edges to its own parent packages are no cycle
+        graph[name] = {d for d in deps if d in modules and d != name and not name.startswith(d + ".")}
+    return graph
 
 
-def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """Every cycle found by a depth-first search (module-level and function-level imports)."""
     cycles, state = [], {}
 
@@ -56,25 +110,37 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_import_cycle():
-    graph = import_graph()
-    # importing a.b runs a/__init__: a package importing its submodule is no cycle, so edges from
-    # a submodule to its own parent package are left out
-    graph = {m: {d for d in deps if not m.startswith(d + ".")} for m, deps in graph.items()}
-    assert _cycles(graph) == []
+    assert find_cycles(import_graph()) == []
 
 
-def test_training_never_imports_backends():
-    upward = {m: sorted(d for d in deps if d.startswith("pipelines.run.cells"))
+def test_a_cycle_through_importlib_is_found(tmp_path):
+    """The graph sees a cycle closed at run time: a imports b, b loads a by importlib."""
+    pkg = tmp_path / "toy"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from toy import b\n")
+    (pkg / "b.py").write_text("import importlib\n\ndef late():\n    return importlib.import_module('toy.a')\n")
+    assert find_cycles(import_graph(tmp_path, "toy", {})) == [["toy.a", "toy.b", "toy.a"]]
+    (pkg / "b.py").write_text("import importlib\n\ndef late(name):\n    return importlib.import_module(name)\n")
+    with pytest.raises(AssertionError, match="computed-name import"):
+        import_graph(tmp_path, "toy", {})
+    assert find_cycles(import_graph(tmp_path, "toy", {"toy.b": ["toy.a"]})) == [["toy.a", "toy.b", "toy.a"]]
+
+
+def test_training_never_imports_platforms():
+    """The shared loop is below every platform: a platform's training process imports it, never back."""
+    upward = {m: sorted(d for d in deps if d.startswith("pipelines.platforms.") or d == "pipelines.run.cells")
               for m, deps in import_graph().items() if m.startswith("pipelines.training")}
     assert {m: d for m, d in upward.items() if d} == {}
 
 
-def test_contract_and_metrics_sit_below_backends_and_training():
+def test_contract_and_metrics_sit_below_platforms_and_training():
     graph = import_graph()
-    for low in ("pipelines.training.cell", "pipelines.training.metrics", "pipelines.runfolder.results", "pipelines.runfolder.paths",
-                "pipelines.runfolder.fileio", "pipelines.runfolder.summary", "pipelines.training.record"):
-        assert not {d for d in graph[low] if d.startswith(("pipelines.run.cells", "pipelines.training.loop",
-                                                           "pipelines.training.worker"))}, low
+    for low in ("pipelines.training.cell", "pipelines.training.metrics", "pipelines.runfolder.results",
+                "pipelines.runfolder.paths", "pipelines.runfolder.fileio", "pipelines.runfolder.summary",
+                "pipelines.training.record"):
+        assert not {d for d in graph[low] if d.startswith(("pipelines.run.", "pipelines.platforms.",
+                                                           "pipelines.training.loop", "pipelines.training.worker"))}, low
     assert not {d for d in graph["pipelines.training.loop"] if d == "pipelines.run.evaluation"}
 
 

@@ -16,7 +16,7 @@ from pipelines.config.model import (
     BenchmarkConfig, ConfigError, deployment_fields, deployment_keys, field_paths, flat_view, form_schema, json_schema, path_of,
 )
 from pipelines.config.profiles import PROFILES
-from pipelines.config.fields import deployment
+from pipelines.platforms.fields import deployment
 from pipelines.config.sections import DEFAULT_DATASET, DEFAULT_MODEL, SECTIONS
 from pipelines.config.strategy import STRATEGY_EXAMPLES, STRATEGY_PATTERN, TrainingStrategy, parse_strategy
 

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pipelines.config.strategy import STRATEGY_EXAMPLES, STRATEGY_PATTERN, TrainingStrategy, parse_strategy
-from pipelines.config.fields import deployment
+from pipelines.platforms.fields import deployment
 from pipelines.platforms import PlatformName
 
 DEFAULT_DATASET = "stanfordnlp/imdb"  # hub dataset id; a local folder works too

@@ -49,7 +49,7 @@ class Platform:
     colour: str = "#64748b"  # plots and the Benchmarks page
     order: int = 100  # position in reports and the default matrix
     # engines.<name> in the config: a pydantic model of the platform's own settings; fields made
-    # with pipelines.config.fields.deployment(...) are set by the deployment, never by a trigger
+    # with pipelines.platforms.fields.deployment(...) are set by the deployment, never by a trigger
     settings: type | None = None
     # platform_mode -> what that mode leaves out of a deployed platform (the report's caveats)
     mode_caveats: Mapping[str, str] = field(default_factory=dict)

@@ -1,6 +1,11 @@
-"""The one policy for what follows training, shared by the CLI and the Airflow DAG.
+"""The one step order of a run, and the one policy for what follows training, shared by the CLI
+and the Airflow DAG.
 
-    evaluate -> report -> track (MLflow) -> check_regression
+    ingest -> validate_snapshot -> preprocess -> validate_tokens     (DATA_STEPS)
+    train every cell
+    evaluate -> report -> track (MLflow) -> check_regression         (FINISH_STEPS)
+
+The data steps stop at the first failure (``data_stage``; one DAG task each, in this order).
 
 Same order, same failure semantics everywhere: a step runs only if every step before it
 succeeded (the DAG's default trigger rule; ``finish`` stops at the first failure), and a
@@ -11,8 +16,9 @@ with ``resume_hint``: what to run once the cause is fixed, since the run folder 
 everything done so far.
 
     from pipelines.run import runner
+    runner.data_stage(run_dir)                    # the CLI (python -m pipelines data|train|run)
     runner.finish(run_dir)                        # the CLI (python -m pipelines run|report)
-    runner.run_step("report", run_dir)            # one DAG task per step, in FINISH_STEPS order
+    runner.run_step("report", run_dir)            # one DAG task per step, in DATA_STEPS / FINISH_STEPS order
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
+DATA_STEPS: tuple[str, ...] = ("ingest", "validate_snapshot", "preprocess", "validate_tokens")
 FINISH_STEPS: tuple[str, ...] = ("evaluate", "report", "track", "check_regression")
 TRACKING_STEPS = frozenset({"track", "check_regression"})  # need an MLflow store
 
@@ -35,12 +42,14 @@ class StepFailed(RuntimeError):
 
 
 def _step(step: str) -> Callable[..., dict]:
-    from pipelines.run import stages  # not at import time: the DAG file imports FINISH_STEPS
+    from pipelines.run import stages  # not at import time: the DAG file imports the step lists
 
-    functions = {"evaluate": stages.evaluate, "report": stages.report, "track": stages.track,
+    functions = {"ingest": stages.ingest, "validate_snapshot": stages.validate_snapshot,
+                 "preprocess": stages.preprocess, "validate_tokens": stages.validate_tokens,
+                 "evaluate": stages.evaluate, "report": stages.report, "track": stages.track,
                  "check_regression": stages.check_regression}
     if step not in functions:
-        raise ValueError(f"unknown step {step!r} (steps: {', '.join(FINISH_STEPS)})")
+        raise ValueError(f"unknown step {step!r} (steps: {', '.join(DATA_STEPS + FINISH_STEPS)})")
     return functions[step]
 
 
@@ -49,6 +58,11 @@ def run_step(step: str, run_dir: str, tracking_uri: str | None = None) -> dict:
     if step in TRACKING_STEPS:
         return _step(step)(run_dir, tracking_uri)
     return _step(step)(run_dir)
+
+
+def data_stage(run_dir: str) -> dict[str, dict]:
+    """The data steps in DATA_STEPS order; stops at the first failure (its exception)."""
+    return {step: run_step(step, run_dir) for step in DATA_STEPS}
 
 
 def resume_hint(step: str, run_dir: str) -> str:

@@ -11,6 +11,7 @@ module; it imports neither.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 from pathlib import Path
 from typing import Any
@@ -33,16 +34,19 @@ def platform_modules(config: BenchmarkConfig) -> list[tuple[str, str]]:
 
 
 def import_platform(module: str, file: str) -> None:
-    """Import the module declaring a platform: by name, else by putting the folder its dotted
-    name is relative to on the path (a platform folder under tests/, seen from a rank)."""
+    """Import the module declaring a platform: by name, else from its file (a platform folder
+    under tests/, seen from a rank whose path does not hold it)."""
     if module in sys.modules:
         return
     try:
         importlib.import_module(module)
     except ModuleNotFoundError:
-        depth = module.count(".") + (2 if Path(file).name == "__init__.py" else 1)
-        sys.path.insert(0, str(Path(file).resolve().parents[depth - 1]))
-        importlib.import_module(module)
+        folder = [str(Path(file).parent)] if Path(file).name == "__init__.py" else None
+        spec = importlib.util.spec_from_file_location(module, file, submodule_search_locations=folder)
+        if spec is None or spec.loader is None:
+            raise
+        sys.modules[module] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[module])
 
 
 class CellSpec(BaseModel):

@@ -6,7 +6,7 @@
 
 from pydantic import BaseModel, ConfigDict
 
-from pipelines.config.fields import deployment
+from pipelines.platforms.fields import deployment
 from pipelines.platforms import Platform, register
 
 

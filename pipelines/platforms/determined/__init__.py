@@ -6,7 +6,7 @@ an experiment on a Determined master (``engines.determined.master``).
 
 from pydantic import BaseModel, ConfigDict
 
-from pipelines.config.fields import deployment
+from pipelines.platforms.fields import deployment
 from pipelines.platforms import Platform, register
 
 LOCAL_CAVEAT = ("Determined's Trainer runs in-process under torchrun: no master, no scheduling, "

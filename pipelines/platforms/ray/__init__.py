@@ -8,7 +8,7 @@ import re
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
-from pipelines.config.fields import deployment
+from pipelines.platforms.fields import deployment
 from pipelines.platforms import Platform, register
 
 

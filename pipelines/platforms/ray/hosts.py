@@ -48,6 +48,7 @@ from typing import Any
 
 from pipelines.measure import signals
 from pipelines.platforms.ray import trainer
+from pipelines.platforms.ray.worker import DRIVER_LOG_ENV
 from pipelines.training.cell import CellSpec
 from pipelines.platforms.torchrun import HOST_IFNAME, TAIL_LINES, free_port_on, host_nproc
 
@@ -69,7 +70,6 @@ STOP_GRACE_S = 3.0  # SIGTERM -> SIGKILL for what the nodes' shutdown left on a 
 DRIVER_STOP_S = 10.0
 # the driver's output (workers' lines included, Ray prefixes them) is the cell's train.log: the
 # workers then add no file handler of their own (pipelines.platforms.ray.worker)
-DRIVER_LOG_ENV = "PIPELINES_RAY_DRIVER_LOG"
 
 
 def node_temp_dir(host: Any, pid: int | None = None) -> str:

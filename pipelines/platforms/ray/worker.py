@@ -34,6 +34,7 @@ from pipelines.training import checkpoint as ckpt
 from pipelines.training.distributed import DistEnv, TorchDistributed
 
 log = logging.getLogger("pipelines.training")
+DRIVER_LOG_ENV = "PIPELINES_RAY_DRIVER_LOG"  # set by hosts.py: the driver on hosts[0] logs the ranks already
 MODEL_WRAPPER = "project-ddp"  # the project's DistributedDataParallel, not ray.train.torch.prepare_model
 
 
@@ -130,7 +131,6 @@ def setup_logging(cell_dir: Path) -> None:
     """The project's worker logging, also appended to ``<cell>/train.log`` (Ray prints the
     workers' output in the driver's, prefixed with the actor), unless the driver's output is
     that log already (across hosts: ``pipelines.platforms.ray.hosts`` sets ``DRIVER_LOG_ENV``)."""
-    from pipelines.platforms.ray.hosts import DRIVER_LOG_ENV
     from pipelines.training.worker import setup_logging as worker_logging
 
     worker_logging()

@@ -12,7 +12,7 @@ import logging
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
-from pipelines.config.fields import deployment
+from pipelines.platforms.fields import deployment
 from pipelines.platforms import Platform, register
 
 log = logging.getLogger(__name__)

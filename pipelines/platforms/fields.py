@@ -1,7 +1,7 @@
 """Field helpers for config models, the project's and each platform's (``engines.<name>``).
 
-A leaf: it imports nothing of the project, so a platform package can declare its settings with
-it without importing the config (which reads the platform registry).
+A leaf beside the registry: it imports nothing of the project, so a platform package can declare
+its settings without importing the config (which reads the registry: that would be a cycle).
 """
 
 from __future__ import annotations
