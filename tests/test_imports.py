@@ -25,7 +25,8 @@ _LOADERS = {"import_module", "__import__"}
 def dynamic_imports() -> dict[str, list[str]]:
     """Module -> what its computed-name loads can import (everything they can, from the registry)."""
     return {
-        "pipelines.platforms": [f"pipelines.platforms.{name}" for name in platforms.BUILTIN],  # declarations
+        # the declarations: the project's packages and BENCHMARK_PLATFORMS' plug-ins
+        "pipelines.platforms": [f"pipelines.platforms.{name}" for name in platforms.BUILTIN] + platforms.plugin_modules(),
         "pipelines.run.cells": [p.adapter.partition(":")[0] for p in platforms.all_platforms()],  # adapters
         "pipelines.training.cell": [p.package for p in platforms.all_platforms() if not platforms.is_builtin(p)],
         "pipelines.training.loop": [],  # PIPELINES_EPOCH_END_HOOK: a test's or a user's module, never ours

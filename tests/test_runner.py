@@ -82,3 +82,64 @@ def test_a_broken_result_fails_report_naming_the_cell_and_ends_every_mlflow_run(
     assert runs and all(r.info.status in ("FINISHED", "FAILED") for r in runs)  # none left RUNNING
     cell = next(r for r in runs if r.info.run_name == "ddp-w2-r0")
     assert cell.info.status == "FAILED" and "unreadable" in cell.data.tags["error"]
+
+
+def test_data_steps_run_in_the_dags_order_and_stop_at_the_first_failure(monkeypatch):
+    """The CLI's data stage is the DAG's data tasks (tests/airflow/test_dag.py::test_task_graph): one list."""
+    from pipelines.run import stages
+
+    calls = []
+    for step in runner.DATA_STEPS:
+        monkeypatch.setattr(stages, step, lambda run_dir, step=step: calls.append(step) or {"step": step})
+    assert list(runner.data_stage("R")) == calls == ["ingest", "validate_snapshot", "preprocess", "validate_tokens"]
+
+    def broken(run_dir):
+        raise ValueError("bad snapshot")
+
+    calls.clear()
+    monkeypatch.setattr(stages, "validate_snapshot", broken)
+    with pytest.raises(ValueError, match="bad snapshot"):
+        runner.data_stage("R")
+    assert calls == ["ingest"]
+
+
+def test_the_cli_starts_and_stops_its_clusters_with_the_dags_functions(monkeypatch, tmp_path):
+    """stages.run_clusters (the CLI) calls the functions of the DAG's setup/teardown tasks: started
+    tied to the CLI, stopped in reverse order whatever happened; someone else's Spark cluster is kept."""
+    from pipelines.engines import spark_cluster
+    from pipelines.run import stages
+
+    calls = []
+    for name in ("start_spark_cluster", "start_cluster"):
+        monkeypatch.setattr(stages, name, lambda run_dir, tied_to_caller=False, name=name:
+                            calls.append((name, tied_to_caller)))
+    for name in ("stop_spark_cluster", "stop_cluster"):
+        monkeypatch.setattr(stages, name, lambda run_dir, name=name: calls.append((name,)))
+    monkeypatch.setattr(spark_cluster, "is_running", lambda paths: False)
+    with pytest.raises(RuntimeError, match="a cell broke"), stages.run_clusters(str(tmp_path)):
+        calls.append(("block",))
+        raise RuntimeError("a cell broke")
+    assert calls == [("start_spark_cluster", True), ("start_cluster", True), ("block",), ("stop_cluster",),
+                     ("stop_spark_cluster",)]
+
+    calls.clear()
+    monkeypatch.setattr(spark_cluster, "is_running", lambda paths: True)  # started by someone else
+    with stages.run_clusters(str(tmp_path)):
+        pass
+    assert calls == [("start_cluster", True), ("stop_cluster",)]
+
+
+def test_a_local_run_has_no_cluster_to_start_or_stop(make_config, tmp_path):
+    from pipelines.config import save_config
+    from pipelines.run import stages
+    from pipelines.runfolder.paths import RunPaths
+
+    config = make_config(backends=["ddp"], worker_counts=[1])
+    paths = RunPaths(tmp_path / "local-run")
+    save_config(config, paths.config)
+    run_dir = str(paths.root)
+    assert config.engine("spark").master != "embedded" and config.cluster.kind == "local"
+    assert stages.start_spark_cluster(run_dir) is None and stages.start_cluster(run_dir) is None
+    assert stages.stop_spark_cluster(run_dir) == [] and stages.stop_cluster(run_dir) == []
+    with stages.run_clusters(run_dir):
+        assert not paths.spark_cluster_info.exists()

@@ -9,9 +9,11 @@ task), and the links are shaped to the cell's network under the host's timing lo
 which kills every process on the hosts and deletes namespaces and cgroups.
 ``ssh``: real machines (``cluster.ssh_hosts``, ``pipelines.cluster.ssh``): nothing to start.
 
-    with run_cluster(paths, config):          # the CLI's `run` / `train`
+    start(paths, config); ...; stop(paths)    # through pipelines.run.stages.start_cluster / stop_cluster:
+                                              # the DAG's setup / teardown tasks and the CLI's `run` /
+                                              # `train` (stages.run_clusters)
+    with run_cluster(paths, config):          # the same for a block, from a config in hand (tests)
         ...
-    start(paths, config); ...; stop(paths)    # the DAG's setup / teardown tasks
 
 Started by the CLI, the keeper also dies with it (``PR_SET_PDEATHSIG`` + ``--owner-pid``): a
 SIGKILLed CLI leaves no cluster behind, and a SIGKILLed keeper's leftovers are swept by the next

@@ -11,9 +11,11 @@ a teardown task), so what is needed to stop it lives in the run folder:
 ``<run>/spark-cluster/cluster.json`` (0600 in a 0700 folder: master URL, process ids, owner,
 the cluster's secret) beside the master/worker logs.
 
-    with embedded_cluster(paths, config):   # the CLI's `run`: the cluster dies with the CLI
+    start(paths); ...; stop(paths)          # through pipelines.run.stages.start_spark_cluster /
+                                            # stop_spark_cluster: the DAG's setup / teardown tasks,
+                                            # and the CLI's `run` (stages.run_clusters, tied to it)
+    with embedded_cluster(paths, config):   # the same for a block, from a config in hand (tests)
         ...
-    start(paths); ...; stop(paths)          # the DAG's setup / teardown tasks
     master_url(config, paths)               # what Spark connects to ("local[*]", spark://..., or
                                             # the embedded cluster's URL)
     secret_for(url)                         # the embedded cluster's secret (pipelines.engines.spark_session)

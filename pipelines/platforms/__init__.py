@@ -2,7 +2,7 @@
 
 A platform is one package: ``pipelines/platforms/<name>/`` for the project's own (``BUILTIN``,
 the one list in the project that names them), or any importable package for a plug-in or a
-test. Its ``__init__`` declares it with ``register(Platform(...))``: a frozen record of plain
+test (listed in ``BENCHMARK_PLATFORMS``, or imported by the caller). Its ``__init__`` declares it with ``register(Platform(...))``: a frozen record of plain
 data that imports nothing heavy (the DAG file reads it at parse time). The record says
 everything the rest of the project needs to know about the platform, so no other module names
 it: its label and colour, its settings (``engines.<name>``), its modes' caveats, whether it is
@@ -24,12 +24,14 @@ through it, and the platform packages it loads import only their settings' leaf 
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
 BUILTIN = ("ddp", "spark", "determined", "ray")  # the project's platform packages, in this folder
+PLUGINS_ENV = "BENCHMARK_PLATFORMS"
 _REGISTRY: dict[str, "Platform"] = {}
 _builtins_loaded = False
 _generation = 0  # bumped by every (un)registration: caches of what the registry implies follow it
@@ -109,6 +111,14 @@ def _load_builtins() -> None:
     _builtins_loaded = True  # first: the packages imported below import this module
     for package in BUILTIN:  # each package's __init__ declares its platforms (data, no adapter)
         importlib.import_module(f"{__name__}.{package}")
+    for module in plugin_modules():
+        importlib.import_module(module)
+
+
+def plugin_modules() -> list[str]:
+    """Modules declaring platforms from outside the project (``BENCHMARK_PLATFORMS``, comma-separated:
+    every process of a run, the DAG's parse and the ranks alike, imports them)."""
+    return [m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(",") if m.strip()]
 
 
 def all_platforms() -> list[Platform]:

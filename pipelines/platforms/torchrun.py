@@ -2,20 +2,23 @@
 
 The DDP backend (``pipelines.training.worker``) and the Determined backend (its trial module
 under ``det.pytorch.Trainer``) start their ranks the same way, so both see identical start-up.
-The command and environment are built by pure functions (``nproc_per_node``, ``torchrun_args``,
-``worker_command``, ``launch_env``) and executed second by ``execute``, which tees the output
-to the cell's log and raises with its tail when torchrun exits non-zero.
+The command and environment are built by pure functions (``torchrun_command`` from explicit
+values, ``worker_command`` for a cell, ``launch_env``) and executed second by ``execute``, which
+tees the output to the cell's log and raises with its tail when torchrun exits non-zero. Which
+nodes a launch spans is the caller's (the DDP adapter: its ``engines.ddp`` settings; Determined:
+the same, read in its adapter); nothing here reads a platform's settings.
 
-One node (default): ``--standalone --nproc-per-node <workers>``. Several nodes
-(``ddp_nnodes`` > 1): torchrun's *static* rendezvous at ``ddp_rdzv_endpoint``, so global
-rank = node_rank * nproc_per_node + local_rank and rank 0 always runs on node 0.
+One node (default): ``--standalone --nproc-per-node <workers>``. Several nodes (``nnodes`` > 1):
+torchrun's *static* rendezvous at ``rdzv_endpoint``, so global rank = node_rank *
+nproc_per_node + local_rank and rank 0 always runs on node 0.
 
 Several hosts driven from here (``TrainingBackend.launch_on_hosts``, e.g. the hosts of
 ``pipelines.cluster.EmulatedCluster``): ``host_torchrun_commands`` builds one torchrun per host
 (node rank = host index, the static rendezvous on host 0), ``host_placements`` says which host
 each global rank runs on, ``host_env`` pins gloo to the hosts' interface, and
 ``execute_on_hosts`` starts them all, tees each node's output to its own log and takes the
-others down when one fails.
+others down when one fails. Starting, stopping and teeing processes, and free ports, are
+``pipelines.cluster.processes``'.
 
 ``gpu_count`` / ``has_gpus`` probe the host's GPUs with nvidia-smi (no torch import: adapters
 and preflight stay cheap).
@@ -23,25 +26,24 @@ and preflight stay cheap).
 
 from __future__ import annotations
 
-import collections
 import functools
 import logging
 import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pipelines.cluster.processes import Tee, stop_tree
 from pipelines.config import BenchmarkConfig
 
 log = logging.getLogger(__name__)
 WORKER_MODULE = "pipelines.training.worker"
-TAIL_LINES = 40  # of the launcher's output, in the error when it fails
 HOST_IFNAME = "eth0"  # the interface of a launch host (EmulatedHost: its veth to the switch)
+STOP_GRACE_S = 10.0  # SIGTERM -> SIGKILL for a launcher (torchrun takes its ranks down meanwhile)
 
 
 def gpu_count() -> int:
@@ -57,38 +59,52 @@ def has_gpus() -> bool:
     return gpu_count() > 0
 
 
-def nproc_per_node(config: BenchmarkConfig, world_size: int) -> int:
-    """Processes this node starts: the cell's total world size split evenly over the nodes."""
-    if world_size < 1 or world_size % config.engine("ddp").nnodes:
+def nproc_per_node(world_size: int, nnodes: int = 1) -> int:
+    """Processes each node starts: the cell's total world size split evenly over ``nnodes``."""
+    if world_size < 1 or nnodes < 1 or world_size % nnodes:
         raise ValueError(
-            f"workers={world_size} cannot be split over ddp_nnodes={config.engine('ddp').nnodes}: workers is the "
-            f"total number of processes across all nodes and must be a positive multiple of ddp_nnodes")
-    return world_size // config.engine("ddp").nnodes
+            f"workers={world_size} cannot be split over nnodes={nnodes}: workers is the total number of "
+            f"processes across all nodes and must be a positive multiple of nnodes")
+    return world_size // nnodes
 
 
-def torchrun_args(config: BenchmarkConfig, world_size: int, rdzv_id: str = "pipelines") -> list[str]:
-    """torchrun options: standalone on one node, static rendezvous across ``ddp_nnodes`` nodes."""
-    args = ["--nproc-per-node", str(nproc_per_node(config, world_size)),
-            # the platform's own recovery (matrix.platform_retries; 0: a failure ends the attempt)
-            "--max-restarts", str(config.matrix.platform_retries), "--monitor-interval", "0.1"]
-    if config.engine("ddp").nnodes == 1 and not config.engine("ddp").rdzv_endpoint:
+def torchrun_args(nproc_per_node: int, *, nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str = "",
+                  rdzv_id: str = "pipelines", max_restarts: int = 0) -> list[str]:
+    """torchrun options: standalone on one node, static rendezvous at ``rdzv_endpoint`` across
+    ``nnodes`` nodes; ``max_restarts``: the platform's own recovery (0: a failure ends the attempt)."""
+    args = ["--nproc-per-node", str(nproc_per_node), "--max-restarts", str(max_restarts),
+            "--monitor-interval", "0.1"]
+    if nnodes == 1 and not rdzv_endpoint:
         return ["--standalone", "--nnodes", "1", *args]
-    if not config.engine("ddp").rdzv_endpoint:
-        raise ValueError(f"ddp_nnodes={config.engine('ddp').nnodes} needs ddp_rdzv_endpoint=host:port (node 0)")
-    if config.engine("ddp").node_rank >= config.engine("ddp").nnodes:
-        raise ValueError(f"ddp_node_rank={config.engine('ddp').node_rank} must be < ddp_nnodes={config.engine('ddp').nnodes}")
+    if not rdzv_endpoint:
+        raise ValueError(f"nnodes={nnodes} needs rdzv_endpoint=host:port (node 0)")
+    if node_rank >= nnodes:
+        raise ValueError(f"node_rank={node_rank} must be < nnodes={nnodes}")
     # static: the node rank fixes the ranks (rank 0 on node 0, which reads the result back)
-    return ["--nnodes", str(config.engine("ddp").nnodes), "--node-rank", str(config.engine("ddp").node_rank),
-            "--rdzv-backend", "static", "--rdzv-endpoint", config.engine("ddp").rdzv_endpoint,
-            "--rdzv-id", rdzv_id, *args]
+    return ["--nnodes", str(nnodes), "--node-rank", str(node_rank), "--rdzv-backend", "static",
+            "--rdzv-endpoint", rdzv_endpoint, "--rdzv-id", rdzv_id, *args]
+
+
+def torchrun_command(*, nproc_per_node: int, cell_dir: Path, launch_time: float, nnodes: int = 1,
+                     node_rank: int = 0, rdzv_endpoint: str = "", rdzv_id: str | None = None,
+                     max_restarts: int = 0, module: str = WORKER_MODULE, python: str = sys.executable) -> list[str]:
+    """The full torchrun command line of one node from explicit values (``torchrun_args``);
+    the rendezvous id defaults to the cell folder's name."""
+    return [python, "-m", "torch.distributed.run",
+            *torchrun_args(nproc_per_node, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
+                           rdzv_id=rdzv_id or Path(cell_dir).name, max_restarts=max_restarts),
+            "-m", module, "--cell-dir", str(cell_dir), "--launch-time", repr(launch_time)]
 
 
 def worker_command(config: BenchmarkConfig, world_size: int, cell_dir: Path, launch_time: float,
-                   module: str = WORKER_MODULE, python: str = sys.executable) -> list[str]:
-    """The full torchrun command line for one cell (rendezvous id = cell folder name)."""
-    return [python, "-m", "torch.distributed.run",
-            *torchrun_args(config, world_size, rdzv_id=Path(cell_dir).name),
-            "-m", module, "--cell-dir", str(cell_dir), "--launch-time", repr(launch_time)]
+                   module: str = WORKER_MODULE, python: str = sys.executable, *, nnodes: int = 1,
+                   node_rank: int = 0, rdzv_endpoint: str = "") -> list[str]:
+    """This node's torchrun command for a cell of ``world_size`` processes over ``nnodes`` nodes
+    (one by default); torchrun's restarts = ``matrix.platform_retries``."""
+    return torchrun_command(nproc_per_node=nproc_per_node(world_size, nnodes), cell_dir=cell_dir,
+                            launch_time=launch_time, nnodes=nnodes, node_rank=node_rank,
+                            rdzv_endpoint=rdzv_endpoint, max_restarts=config.matrix.platform_retries,
+                            module=module, python=python)
 
 
 def launch_env(config: BenchmarkConfig, base: Mapping[str, str], local_processes: int | None = None,
@@ -133,39 +149,24 @@ def isolated(cmd: list[str]) -> list[str]:
 
 def execute(cmd: list[str], env: Mapping[str, str], log_path: Path, cwd: Path | None = None) -> None:
     """Run the launcher to completion, teeing its output; raise with the tail on failure. A
-    one-node (``--standalone``) torchrun runs ``isolated``: it needs no network beyond loopback."""
+    one-node (``--standalone``) torchrun runs ``isolated``: it needs no network beyond loopback.
+    Interrupted (a signal's exception, KeyboardInterrupt), it stops the launcher's tree."""
     if "--standalone" in cmd:
         cmd = isolated(cmd)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log.info("launching: %s", " ".join(cmd))
-    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-    with open(log_path, "a") as log_file, subprocess.Popen(
-        cmd, env=dict(env), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL, text=True,
-    ) as proc:
+    with subprocess.Popen(cmd, env=dict(env), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          stdin=subprocess.DEVNULL, text=True) as proc:
+        tee = Tee(proc, log_path)
         try:
-            for line in proc.stdout:  # type: ignore[union-attr]
-                log_file.write(line)
-                sys.stdout.write(line)
-                tail.append(line)
+            tee.run()
             proc.wait()
         finally:
             if proc.poll() is None:  # we are being interrupted: take torchrun (and ranks) down
-                proc.terminate()
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+                stop_tree([proc], STOP_GRACE_S)
     if proc.returncode != 0:
         raise RuntimeError(f"torchrun exited with {proc.returncode} (full log: {log_path}); "
-                           f"last lines:\n{''.join(tail)}")
-
-
-def host_config(config: BenchmarkConfig, hosts: Sequence[Any], node_rank: int, port: int) -> BenchmarkConfig:
-    """``config`` as node ``node_rank`` of ``hosts`` sees it: ``engines.ddp`` nnodes = the host
-    count, its node rank, the rendezvous at ``hosts[0].address:port``."""
-    return config.model_copy(update={"engines.ddp.nnodes": len(hosts), "engines.ddp.node_rank": node_rank,
-                                     "engines.ddp.rdzv_endpoint": f"{hosts[0].address}:{port}"})
+                           f"last lines:\n{tee.text()}")
 
 
 def host_nproc(world_size: int, n_hosts: int) -> int:
@@ -177,13 +178,16 @@ def host_nproc(world_size: int, n_hosts: int) -> int:
     return world_size // n_hosts
 
 
-def host_torchrun_commands(config: BenchmarkConfig, world_size: int, cell_dir: Path, launch_time: float,
-                           hosts: Sequence[Any], port: int, module: str = WORKER_MODULE,
+def host_torchrun_commands(world_size: int, cell_dir: Path, launch_time: float, hosts: Sequence[Any], port: int,
+                           *, max_restarts: int = 0, module: str = WORKER_MODULE,
                            python: str = sys.executable) -> list[list[str]]:
-    """One torchrun command line per host (index = node rank), static rendezvous on host 0."""
-    host_nproc(world_size, len(hosts))
-    return [worker_command(host_config(config, hosts, k, port), world_size, cell_dir, launch_time,
-                           module=module, python=python) for k in range(len(hosts))]
+    """One torchrun command line per host (index = node rank), static rendezvous on
+    ``hosts[0].address:port``."""
+    per_host = host_nproc(world_size, len(hosts))
+    return [torchrun_command(nproc_per_node=per_host, cell_dir=cell_dir, launch_time=launch_time,
+                             nnodes=len(hosts), node_rank=k, rdzv_endpoint=f"{hosts[0].address}:{port}",
+                             max_restarts=max_restarts, module=module, python=python)
+            for k in range(len(hosts))]
 
 
 def host_placements(world_size: int, hosts: Sequence[Any]) -> list[dict]:
@@ -205,45 +209,14 @@ def host_env(config: BenchmarkConfig, base: Mapping[str, str], local_processes: 
     return env
 
 
-_FREE_PORT = ("import socket, sys; s = socket.socket(); s.bind((sys.argv[1], 0)); "
-              "print(s.getsockname()[1]); s.close()")
-
-
-def free_port_on(host: Any, python: str = sys.executable, timeout_s: float = 30.0) -> int:
-    """A TCP port free on ``host`` right now (its own kernel picks it, inside its namespace)."""
-    proc = host.run([python, "-c", _FREE_PORT, host.address], stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
-    out, err = proc.communicate(timeout=timeout_s)
-    if proc.returncode != 0:
-        raise RuntimeError(f"could not find a free port on {host.name}: {err.strip()}")
-    return int(out.strip())
-
-
-def _stop_tree(procs: Sequence[subprocess.Popen], grace_s: float = 10.0) -> None:
-    """SIGTERM each launcher (torchrun takes its ranks down), then SIGKILL what is left of the trees."""
-    import psutil
-
-    trees = []
-    for proc in procs:
-        if proc.poll() is not None:
-            continue
-        try:
-            parent = psutil.Process(proc.pid)
-            trees += [parent, *parent.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            pass
-        proc.terminate()
-    _, alive = psutil.wait_procs(trees, timeout=grace_s)
-    for leftover in alive:
-        try:
-            leftover.kill()
-        except psutil.NoSuchProcess:
-            pass
-    for proc in procs:
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            pass
+def _first_failure(procs: Sequence[subprocess.Popen], poll_s: float) -> int | None:
+    """Wait until one exits non-zero (its index) or all exited (the first non-zero, if any)."""
+    while any(p.poll() is None for p in procs):
+        failed = next((k for k, p in enumerate(procs) if p.poll() not in (None, 0)), None)
+        if failed is not None:
+            return failed
+        time.sleep(poll_s)
+    return next((k for k, p in enumerate(procs) if p.returncode != 0), None)
 
 
 def execute_on_hosts(cmds: Sequence[list[str]], env: Mapping[str, str], hosts: Sequence[Any],
@@ -252,42 +225,23 @@ def execute_on_hosts(cmds: Sequence[list[str]], env: Mapping[str, str], hosts: S
     exits non-zero, stop the others and raise with its tail (as ``execute`` does for one)."""
     if not len(cmds) == len(hosts) == len(log_paths):
         raise ValueError("execute_on_hosts: one command and one log per host")
-    echo = threading.Lock()
-    tails = [collections.deque(maxlen=TAIL_LINES) for _ in hosts]
-
-    def tee(proc: subprocess.Popen, log_path: Path, tail: collections.deque, label: str) -> None:
-        with open(log_path, "a") as log_file:
-            for line in proc.stdout:  # type: ignore[union-attr]
-                log_file.write(line)
-                log_file.flush()
-                tail.append(line)
-                with echo:
-                    sys.stdout.write(f"[{label}] {line}")
-
     procs: list[subprocess.Popen] = []
-    threads: list[threading.Thread] = []
+    tees: list[Tee] = []
+    failed = None
     try:
-        for cmd, host, log_path, tail in zip(cmds, hosts, log_paths, tails):
+        for cmd, host, log_path in zip(cmds, hosts, log_paths):
             log_path.parent.mkdir(parents=True, exist_ok=True)
             log.info("launching on %s (%s): %s", host.name, host.address, " ".join(cmd))
             proc = host.run(cmd, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, text=True)
             procs.append(proc)
-            thread = threading.Thread(target=tee, args=(proc, log_path, tail, host.name), daemon=True)
-            thread.start()
-            threads.append(thread)
-        failed = None
-        while failed is None and any(p.poll() is None for p in procs):
-            failed = next((k for k, p in enumerate(procs) if p.poll() not in (None, 0)), None)
-            if failed is None:
-                time.sleep(poll_s)
-        if failed is None:  # all exited: the first non-zero, if any
-            failed = next((k for k, p in enumerate(procs) if p.returncode != 0), None)
+            tees.append(Tee(proc, log_path, prefix=host.name).start())
+        failed = _first_failure(procs, poll_s)
     finally:
-        _stop_tree(procs)  # nothing when all exited; on failure or interruption: the others
-        for thread in threads:
-            thread.join(10)
+        stop_tree(procs, STOP_GRACE_S)  # nothing when all exited; on failure or interruption: the others
+        for tee in tees:
+            tee.join(10)
     if failed is not None:
         raise RuntimeError(f"torchrun on {hosts[failed].name} (node {failed}) exited with "
                            f"{procs[failed].returncode} (full log: {log_paths[failed]}); the other node(s) "
-                           f"were stopped; last lines:\n{''.join(tails[failed])}")
+                           f"were stopped; last lines:\n{tees[failed].text()}")

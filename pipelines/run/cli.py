@@ -30,10 +30,8 @@ import traceback
 from pathlib import Path
 
 from pipelines import platforms
-from pipelines.engines import spark_cluster
 from pipelines.run import runner, stages
-from pipelines.cluster import lifecycle
-from pipelines.config import PROFILES, ConfigError, parse_set_options, read_config, site_defaults
+from pipelines.config import PROFILES, ConfigError, parse_set_options, site_defaults
 from pipelines.runfolder.paths import RunPaths
 from pipelines.measure.signals import CellTerminated
 
@@ -96,9 +94,10 @@ def _run_dir(args: argparse.Namespace) -> str:
 
 
 def _ensure_data(run_dir: str) -> None:
-    """Run the data stage unless its token shards are already there (a resumed run)."""
+    """Run the data steps (runner.DATA_STEPS, the DAG's order) unless the token shards are
+    already there (a resumed run)."""
     if not any(RunPaths(Path(run_dir)).token_split("test").glob("part-*.parquet")):
-        log.info("data stage: %s", json.dumps(stages.data_stage(run_dir), default=str))
+        log.info("data stage: %s", json.dumps(runner.data_stage(run_dir), default=str))
 
 
 def _command(args: argparse.Namespace) -> int:
@@ -110,11 +109,10 @@ def _command(args: argparse.Namespace) -> int:
         return 0
     run_dir = _run_dir(args)  # cheap checks first: a doomed run fails in seconds, not after the data stage
     print(f"run folder: {run_dir}", flush=True)
-    paths = RunPaths(Path(run_dir))
-    config = read_config(paths.config)
     # spark_master=embedded: the run's own standalone cluster; cluster.kind=emulated: its hosts;
-    # both stopped when training ends (or fails, or a signal stops the run)
-    with spark_cluster.embedded_cluster(paths, config), lifecycle.run_cluster(paths, config):
+    # started and stopped as the DAG's setup/teardown tasks do, when training ends (or fails, or
+    # a signal stops the run)
+    with stages.run_clusters(run_dir):
         _ensure_data(run_dir)
         if args.command == "train":
             try:

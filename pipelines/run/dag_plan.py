@@ -4,6 +4,7 @@
     dag_plan.config_from_params(params)                  # trigger conf -> BenchmarkConfig
     run_dir = dag_plan.start_run(params, dag_id, run_id) # the prepare_run task
     dag_plan.cells_with(run_dir, workers)                # plan_wN: the kwargs of train.wN's instances
+    user_defined_macros={"benchmark_alert": dag_plan.benchmark_alert}   # the alert mails' text
 
 ``DOC_MD`` is the DAG's page in the Airflow UI. The step order is ``pipelines.run.runner``'s
 (``DATA_STEPS``, ``FINISH_STEPS``) and the clusters' start/stop are ``pipelines.run.stages``'
@@ -21,7 +22,9 @@ import os
 from typing import Any
 
 from pipelines import platforms
-from pipelines.config import PROFILES, BenchmarkConfig, deployment_keys, form_schema, load_config, site_defaults
+from pipelines.config import (
+    PROFILES, BenchmarkConfig, deployment_keys, form_schema, load_config, site_defaults,
+)
 
 log = logging.getLogger(__name__)
 
@@ -162,14 +165,16 @@ def param_specs() -> dict[str, dict[str, Any]]:
         "target_accuracy": _field("target_accuracy", "Target accuracy", "Training",
                                   "Held-out accuracy that defines time-to-accuracy."),
         "seed": _field("seed", "Seed", "Training", "Sampling, initialisation and shuffling."),
-        "train_samples": _field("train_samples", "Train reviews", "Data", "Stratified sample of the train split."),
-        "test_samples": _field("test_samples", "Test reviews", "Data", "Stratified sample of the test split."),
+        "train_samples": _field("train_samples", "Train reviews", "Data",
+                                "Stratified sample of the train split."),
+        "test_samples": _field("test_samples", "Test reviews", "Data",
+                               "Stratified sample of the test split."),
         "max_seq_len": _field("max_seq_len", "Max sequence length", "Data", "Tokens per review."),
         "overrides": {"default": None, "type": ["object", "null"], "title": "Other config fields",
                       "section": "Advanced",
-                      "description_md": "JSON object of any other config field, by dotted path or flat name, e.g. "
-                                        '`{"training.warmup_ratio": 0.2}`; unknown keys are refused, and so are '
-                                        "deployment fields (data, model and output locations, masters, "
+                      "description_md": "JSON object of any other config field, by dotted path or flat name, "
+                                        'e.g. `{"training.warmup_ratio": 0.2}`; unknown keys are refused, and so '
+                                        "are deployment fields (data, model and output locations, masters, "
                                         "tracking URI): those come from the workers' environment."},
     }
 
@@ -182,8 +187,9 @@ def trigger_params() -> dict:
 
 
 def overrides_from_params(params: dict, environ: dict | None = None) -> dict:
-    """Trigger params -> config overrides: site defaults from env, then the non-empty params. Deployment
-    fields come from the environment only (deployment_keys); profiles (``overrides.profile`` too) from PROFILES."""
+    """Trigger params -> config overrides: site defaults from env, then the non-empty params.
+    Deployment fields come from the environment only (deployment_keys); profiles
+    (``overrides.profile`` too) from PROFILES."""
     from pipelines.config.loading import check_profiles  # ConfigError: the field and the names
 
     check_profiles(params.get("profile"), params.get("overrides"))
@@ -197,7 +203,8 @@ def overrides_from_params(params: dict, environ: dict | None = None) -> dict:
         raise ValueError(f"{', '.join(unknown)}: not a trigger field ({', '.join(fields)}); put other config "
                          'fields in "overrides"')
     overrides = site_defaults(os.environ if environ is None else environ)
-    overrides.update({k: params[k] for k in fields if k not in NOT_CONFIG and params.get(k) not in (None, "", [])})
+    overrides.update({k: params[k] for k in fields
+                      if k not in NOT_CONFIG and params.get(k) not in (None, "", [])})
     overrides.update(params.get("overrides") or {})
     return overrides
 
@@ -251,3 +258,11 @@ def cells_with(run_dir: str, workers: int) -> list[dict]:
     cells = plan_by_workers(read_config(RunPaths(Path(run_dir)).config).cells(), None)[f"w{workers}"]
     log.info("cells with %d worker(s): %s", workers, cells or "none (the train task is skipped)")
     return cells
+
+
+def benchmark_alert(ti, exception=None):
+    """Jinja macro of the alert mails: subject/text/html of this run's alert (pipelines.tracking.alerts)."""
+    from pipelines.tracking.alerts import build_alert
+
+    run_dir = ti.xcom_pull(task_ids="prepare_run")
+    return build_alert(run_dir, dag_run_id=ti.run_id, task_id=ti.task_id, exception=exception)

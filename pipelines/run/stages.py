@@ -2,16 +2,20 @@
 
 The Airflow DAG runs one task per function and passes only the run folder (a path) between
 them; ``python -m pipelines run`` calls the same functions in order: ``prepare_run`` (config +
-preflight + run folder), the data steps, ``train_cell`` for every planned cell (one retry
-policy), then ``pipelines.run.runner``'s steps. Every step reads the
+preflight + run folder), the run's clusters (``start_spark_cluster``/``start_cluster``, the DAG's
+setup tasks; ``run_clusters`` for the CLI), the data steps in ``pipelines.run.runner.DATA_STEPS``
+order, ``train_cell`` for every planned cell (one retry policy), the clusters' stop functions (the
+DAG's teardown tasks), then ``pipelines.run.runner.FINISH_STEPS``. Every step reads the
 resolved config from ``<run_dir>/config.json``, so any step can be retried on its own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -87,14 +91,64 @@ def validate_tokens(run_dir: str) -> dict:
     return _validate(*_load(run_dir))
 
 
-def data_stage(run_dir: str) -> dict:
-    """ingest -> validate -> preprocess -> validate tokens; stops at the first failure."""
-    return {
-        "ingest": ingest(run_dir),
-        "validate_snapshot": validate_snapshot(run_dir),
-        "preprocess": preprocess(run_dir),
-        "validate_tokens": validate_tokens(run_dir),
-    }
+# --- the run's clusters: the DAG's setup/teardown tasks call these, the CLI through run_clusters ---
+
+def start_spark_cluster(run_dir: str, tied_to_caller: bool = False) -> str | None:
+    """spark_master=embedded: start the run's standalone cluster (idempotent); its URL, else None.
+    ``tied_to_caller``: it ends with this process (the CLI); else it outlives it until stopped."""
+    from pipelines.engines import spark_cluster
+
+    config, paths = _load(run_dir)
+    if config.engine("spark").master != spark_cluster.EMBEDDED:
+        log.info("spark_master is not 'embedded': no cluster to start")
+        return None
+    return spark_cluster.start(paths, tied_to_caller=tied_to_caller)
+
+
+def stop_spark_cluster(run_dir: str) -> list[int]:
+    """Stop the run's embedded Spark cluster, if any; the pids stopped."""
+    from pipelines.engines import spark_cluster
+
+    return spark_cluster.stop(RunPaths(Path(run_dir)))
+
+
+def start_cluster(run_dir: str, tied_to_caller: bool = False) -> dict | None:
+    """cluster.kind=emulated: start the run's hosts (``pipelines.cluster.lifecycle``; idempotent);
+    their state, else None (local and ssh runs have nothing to start)."""
+    from pipelines.cluster import lifecycle
+
+    config, paths = _load(run_dir)
+    return lifecycle.start(paths, config, tied_to_caller=tied_to_caller)
+
+
+def stop_cluster(run_dir: str) -> list[str]:
+    """Stop the run's emulated hosts, if any; what a dead keeper left and was swept."""
+    from pipelines.cluster import lifecycle
+
+    return lifecycle.stop(RunPaths(Path(run_dir)))
+
+
+@contextlib.contextmanager
+def run_clusters(run_dir: str) -> Iterator[None]:
+    """The CLI's clusters for the block: started with the DAG's setup functions (tied to this
+    process: a SIGKILLed CLI leaves nothing behind) and stopped with its teardown functions,
+    whatever happened, SIGTERM included. An embedded Spark cluster that already ran (someone
+    else's) is used and left alone."""
+    from pipelines.engines import spark_cluster
+    from pipelines.measure.signals import raise_on_sigterm
+
+    stops = []
+    with raise_on_sigterm():  # a SIGTERM'd run still stops its clusters
+        try:
+            if not spark_cluster.is_running(RunPaths(Path(run_dir))):
+                stops.append(stop_spark_cluster)
+                start_spark_cluster(run_dir, tied_to_caller=True)
+            stops.append(stop_cluster)
+            start_cluster(run_dir, tied_to_caller=True)
+            yield
+        finally:
+            for stop in reversed(stops):
+                stop(run_dir)
 
 
 def planned_cells(run_dir: str) -> list[tuple[str, str, str, int, int]]:

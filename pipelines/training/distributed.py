@@ -9,7 +9,8 @@ join the group (nccl on GPU, gloo on CPU) unless one exists, wrap the model in
 it created it (``optimizer_options``: extra AdamW arguments, none by default). A framework
 that owns these (Ray Train's ``prepare_model`` /
 ``prepare_data_loader`` and its process group) subclasses it and overrides the step it owns,
-without copying the loop. Training strategies (``pipelines.training.strategies``) plug in
+without copying the loop; one whose engine owns backward, the optimizer step and the checkpoint's
+state (DeepSpeed) returns it from ``engine`` (``pipelines.training.engine``). Training strategies (``pipelines.training.strategies``) plug in
 here too: ``sharding=fsdp`` calls ``shard_model`` instead of ``wrap_model``; comm hooks and
 local SGD are registered on whatever DDP module ``wrap_model`` returns:
 
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from pipelines.training.engine import TorchEngine
 from pipelines.training.phases import CommTimer
 
 
@@ -185,6 +187,12 @@ class TorchDistributed:
     def optimizer_options(self, env: DistEnv) -> dict:
         """Extra keyword arguments for the loop's ``torch.optim.AdamW`` (e.g. ``{"fused": True}``)."""
         return {}
+
+    def engine(self, env: DistEnv) -> TorchEngine:
+        """Who runs backward, the optimizer and scheduler steps and the checkpoint's state
+        (``pipelines.training.engine``): plain torch by default; a framework whose engine owns
+        them (DeepSpeed) returns its own."""
+        return TorchEngine()
 
     def on_epoch_end(self, env: DistEnv, epoch: int, checkpoint_path: str | None, metrics: dict) -> None:
         """Called on every rank at the end of the checkpoint phase of each epoch (``checkpoint_path``:

@@ -1,13 +1,15 @@
 """The shared loop's building blocks, per rank: the token splits and their loaders, the
-optimizer, one forward, an evaluation pass and the final test.
+optimizer, one forward, one training step, an evaluation pass and the final test.
 
-The shared loop (``pipelines.training.loop``, which re-exports every name here) and the
-Determined trial both train with exactly these.
+The shared loop (``pipelines.training.loop``) and the Determined trial both train with exactly
+these; a training step's backward and optimizer work is its engine's
+(``pipelines.training.engine``).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -93,6 +95,22 @@ def forward(model, batch, device: torch.device, class_weights: torch.Tensor | No
         logits = model(input_ids=ids, attention_mask=mask).logits
     weight = None if class_weights is None else class_weights.to(device)
     return F.cross_entropy(logits.float(), labels, weight=weight), logits, labels
+
+
+def train_step(engine, model, batch, device: torch.device, class_weights: torch.Tensor | None = None,
+               after_step: Callable[[], None] | None = None):
+    """One training step -> (loss, logits, labels): ``forward``, then the engine's zero_grad,
+    backward and optimizer step, ``after_step`` (the strategy's: local SGD averaging) and the
+    engine's scheduler step (``engine``: ``pipelines.training.engine.TorchEngine`` or one that
+    replaces it)."""
+    loss, logits, labels = forward(model, batch, device, class_weights)
+    engine.zero_grad()
+    engine.backward(loss)
+    engine.step()
+    if after_step is not None:
+        after_step()
+    engine.scheduler_step()
+    return loss, logits, labels
 
 
 @torch.no_grad()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pipelines import platforms
 from pipelines.web.trends import RunRecord
 
 COMPARED = (("total_seconds", "total s", 1), ("training_seconds", "training s", 1),
@@ -43,7 +44,7 @@ def compare_runs(a: RunRecord, b: RunRecord) -> dict[str, Any]:
                                            f"{gb.get('repeats_ok', '-')}/{gb.get('repeats', '-')}"),
                                "failed": (key in failed_a, key in failed_b)}
         for metric, label, scale in COMPARED:
-            if metric == "overhead_vs_ddp_total" and (ga or gb).get("backend") == "ddp":
+            if metric == "overhead_vs_ddp_total" and (ga or gb).get("backend") == platforms.reference():
                 row["metrics"].append({"metric": metric, "label": label, "a": None, "b": None, "delta": None,
                                        "pct": None})  # DDP is the reference
                 continue

@@ -116,7 +116,7 @@ def trend_series(runs: list[RunRecord], profile: str, window_days: int | None = 
                                "strategy": agg0.get("strategy"), "network": agg0.get("network") or "local",
                                "workers": agg0["workers"], "metrics": {}}
         for metric, _, _, _, scale, band_kind in METRICS:
-            if metric == "overhead_vs_ddp_total" and agg0["backend"] == "ddp":
+            if metric == "overhead_vs_ddp_total" and agg0["backend"] == platforms.reference():
                 continue  # DDP is the reference: always 0
             values, bands, alarms, failed = [], [], [], {}
             kind = {"total_seconds": "time", "test_accuracy": "accuracy"}.get(metric)

@@ -114,11 +114,13 @@ def test_task_graph(dag):
     assert up["track"] == {"prepare_run", "report"}
     assert up["check_regression"] == {"prepare_run", "track"}
     assert dag.task_dict["evaluate"].trigger_rule == "all_done"
-    # the steps after training are the CLI's (pipelines.run.runner), in the same order
-    from pipelines.run.runner import FINISH_STEPS
+    # the data steps and the steps after training are the CLI's (pipelines.run.runner), in the same order
+    from pipelines.run.runner import DATA_STEPS, FINISH_STEPS
 
-    for before, after in zip(FINISH_STEPS, FINISH_STEPS[1:]):
-        assert up[after] == {"prepare_run", before} and dag.task_dict[after].trigger_rule == "all_success"
+    assert DATA_STEPS == ("ingest", "validate_snapshot", "preprocess", "validate_tokens")
+    for steps in (DATA_STEPS, FINISH_STEPS):
+        for before, after in zip(steps, steps[1:]):
+            assert up[after] == {"prepare_run", before} and dag.task_dict[after].trigger_rule == "all_success"
 
 
 def test_train_tasks_are_mapped_and_hold_one_pool_slot_per_worker(dag):
@@ -150,7 +152,10 @@ def test_params_mirror_the_config(dag):
     from pipelines.config import PROFILES, field_paths
     from pipelines.config.sections import DataConfig
 
+    from pipelines.run.dag_plan import param_specs
+
     schema = {k: dag.params.get_param(k).schema for k in dag.params}
+    assert list(schema) == list(param_specs())  # the form is the library's, field by field
     assert schema["profile"]["enum"] == list(PROFILES)
     assert schema["backends"]["items"]["enum"] == platforms.names()
     assert schema["backends"]["examples"] == platforms.names()  # the UI's multi-select
@@ -194,21 +199,16 @@ def test_trigger_conf_with_good_values_is_accepted(scheduler_params):
             "strategies": ["default", "powersgd-r4", "localsgd-8", "fsdp+weighted_loss"], "class_ratio": 0.2}
     resolved = copy.deepcopy(scheduler_params).deep_merge(conf).validate()
     assert resolved["backends"] == ["ddp", "spark"] and resolved["epochs"] == 1
-    sys.path.insert(0, str(DAGS_DIR))
-    from imdb_benchmark import overrides_from_params
+    from pipelines.run.dag_plan import config_from_params
 
-    from pipelines.config import load_config
-
-    config = load_config("smoke", overrides_from_params(resolved, {}))  # the form's names parse in the config
+    config = config_from_params(resolved, {})  # the form's names parse in the config
     assert [s.name for s in config.strategies] == conf["strategies"] and config.class_ratio == 0.2
     assert resolved["batch_size"] is None  # left empty: the profile's value
 
 
 def test_params_become_config_overrides():
-    sys.path.insert(0, str(DAGS_DIR))
-    from imdb_benchmark import overrides_from_params
-
     from pipelines.config import PROFILES, load_config
+    from pipelines.run.dag_plan import overrides_from_params
 
     env = {"BENCHMARK_OUTPUT_ROOT": "/srv/runs", "BENCHMARK_DATASET_SOURCE": "/srv/imdb"}
     params = {"profile": "smoke", "backends": [], "worker_counts": [1], "epochs": None,
@@ -232,10 +232,8 @@ def test_params_become_config_overrides():
 
 
 def test_cells_are_grouped_by_worker_count_and_checked_against_the_pool():
-    sys.path.insert(0, str(DAGS_DIR))
-    from imdb_benchmark import plan_by_workers
-
     from pipelines.config import load_config
+    from pipelines.run.dag_plan import plan_by_workers
 
     cells = load_config("smoke", {"backends": ["ddp", "spark"], "worker_counts": [1, 2]}).cells()
     plan = plan_by_workers(cells, pool_slots=2)

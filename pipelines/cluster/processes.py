@@ -1,0 +1,224 @@
+"""Process handling every launcher shares: start, stop, tee, free ports.
+
+- ``start_session(argv, die_with_parent=...)``: a command in its own session, so its own process
+  group (group id = its pid), optionally tied to the starting thread (``PR_SET_PDEATHSIG``: the
+  kernel SIGTERMs it when that thread ends, a SIGKILLed caller included);
+- ``stop_tree(targets, grace_s)``: SIGTERM each target (a launcher such as torchrun or
+  ``ray start --block`` takes its own processes down), wait up to ``grace_s`` for the whole trees
+  (recorded before the signal), SIGKILL what is left of them; ``tree=False``: the targets only.
+  ``kill_after`` is the second half alone (processes already told to stop), ``stop_groups`` the
+  same by process group (``killpg``: daemons started with ``start_session``), ``sigkill`` at once;
+- ``Tee``: a process's output to a log file and to this process's stdout (``[prefix]`` before
+  each line), its last lines kept for the error message;
+- ``free_port(host)``: a TCP port free here; ``free_ports_on(host, n)`` / ``free_port_on(host)``:
+  free on a launch host (``Host.run``: its own kernel picks them, inside its namespace).
+
+Targets are ``subprocess.Popen`` objects (waited for through ``poll``, so their exit code stays
+right), pids or ``psutil.Process`` objects (psutil reaps those that are this process's children).
+Stdlib only at import; psutil is imported where needed.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+TAIL_LINES = 40  # of a process's output, in the error when it fails
+POLL_S = 0.05
+_ECHO = threading.Lock()  # one whole line at a time on this process's stdout
+
+
+def _die_with_parent() -> None:  # preexec_fn: the kernel sends SIGTERM when the starting thread ends
+    import ctypes
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def start_session(argv: Sequence[str], *, die_with_parent: bool = False, **popen_kwargs) -> subprocess.Popen:
+    """Start ``argv`` in a session (and process group) of its own: it outlives a task's process
+    group and is stopped as one (``stop_groups``); ``die_with_parent``: SIGTERM when the starting
+    thread ends."""
+    return subprocess.Popen(list(argv), start_new_session=True,  # noqa: PLW1509 - prctl only
+                            preexec_fn=_die_with_parent if die_with_parent else None, **popen_kwargs)
+
+
+def _process(target: Any):
+    """The ``psutil.Process`` of a live target (Popen, pid or psutil.Process); None once gone."""
+    import psutil
+
+    if isinstance(target, subprocess.Popen) and target.poll() is not None:
+        return None
+    if isinstance(target, psutil.Process):
+        return target
+    try:
+        return psutil.Process(getattr(target, "pid", target))
+    except psutil.NoSuchProcess:
+        return None
+
+
+def _exited(item: Any) -> bool:
+    """Has ``item`` (Popen or psutil.Process) exited? Reaps it when it is our child."""
+    import psutil
+
+    if isinstance(item, subprocess.Popen):
+        return item.poll() is not None
+    try:
+        item.wait(0)
+    except psutil.TimeoutExpired:
+        return False
+    return True
+
+
+def wait_gone(items: Iterable[Any], timeout_s: float) -> list:
+    """Wait up to ``timeout_s`` until every item (Popen or psutil.Process) has exited; returns
+    those still running."""
+    alive, deadline = list(items), time.monotonic() + timeout_s
+    while True:
+        alive = [item for item in alive if not _exited(item)]
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
+
+
+def kill_after(items: Iterable[Any], grace_s: float, kill_wait_s: float = 5.0) -> list:
+    """Give ``items`` (Popen or psutil.Process, already told to stop) ``grace_s`` to exit, SIGKILL
+    the rest and wait up to ``kill_wait_s`` for them; returns those that had to be killed."""
+    import psutil
+
+    alive = wait_gone(items, grace_s)
+    for item in alive:
+        with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError):
+            item.kill()  # psutil: not a pid that was reused meanwhile; Popen: not once reaped
+    wait_gone(alive, kill_wait_s)
+    return alive
+
+
+def stop_tree(targets: Iterable[Any], grace_s: float, *, kill_wait_s: float = 5.0, tree: bool = True) -> list[int]:
+    """SIGTERM each live target (Popen, pid or psutil.Process), wait up to ``grace_s`` for the
+    targets and (``tree``) every descendant each had when signalled, SIGKILL what is left, wait
+    up to ``kill_wait_s`` for that. Popen targets are reaped. Returns the pids that were killed."""
+    import psutil
+
+    watched: list = []
+    for target in targets:
+        proc = _process(target)
+        if proc is None:
+            continue
+        family = []
+        if tree:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                family = proc.children(recursive=True)
+        watched += [target if isinstance(target, subprocess.Popen) else proc, *family]
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.terminate()
+    return [item.pid for item in kill_after(watched, grace_s, kill_wait_s)]
+
+
+def running(pid: int) -> bool:
+    """``pid`` exists and is not a zombie."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def stop_groups(leaders: Sequence[int], grace_s: float, *, kill_wait_s: float = 5.0,
+                alive: Callable[[int], bool] = running) -> None:
+    """SIGTERM the process group of each leader (``start_session``), wait up to ``grace_s`` until
+    no leader is ``alive``, else SIGKILL the groups and wait up to ``kill_wait_s``; then reap the
+    leaders that are our own children (others are reaped by init)."""
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, kill_wait_s)):
+        for pid in leaders:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, sig)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and any(alive(p) for p in leaders):
+            time.sleep(0.2)
+        if not any(alive(p) for p in leaders):
+            break
+    for pid in leaders:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
+
+
+def sigkill(pids: Iterable[int]) -> None:
+    """SIGKILL each pid at once (no grace); those already gone are skipped."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+class Tee:
+    """A process's text output, line by line: appended to ``log_path`` (flushed), echoed to this
+    process's stdout (``[prefix] `` before each line when given), its last ``tail_lines`` kept
+    (``text``); ``ready`` is set once a line contains ``marker``. ``run`` streams in the calling
+    thread until the output ends, ``start`` in a daemon thread (``thread``)."""
+
+    def __init__(self, proc: subprocess.Popen, log_path: Path, prefix: str | None = None,
+                 marker: str | None = None, tail_lines: int = TAIL_LINES):
+        self.proc, self.log_path, self.prefix, self.marker = proc, Path(log_path), prefix, marker
+        self.tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
+        self.ready = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def start(self) -> Tee:
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+        return self
+
+    def run(self) -> None:
+        with open(self.log_path, "a") as log_file:
+            for line in self.proc.stdout:  # type: ignore[union-attr]
+                log_file.write(line)
+                log_file.flush()
+                self.tail.append(line)
+                with _ECHO:
+                    sys.stdout.write(f"[{self.prefix}] {line}" if self.prefix else line)
+                if self.marker and self.marker in line:
+                    self.ready.set()
+
+    def join(self, timeout_s: float | None = None) -> None:
+        if self.thread is not None:
+            self.thread.join(timeout_s)
+
+    def text(self) -> str:
+        return "".join(self.tail)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` (an address of this machine) right now."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+_FREE_PORTS = ("import socket, sys; socks = [socket.socket() for _ in range(int(sys.argv[2]))]; "
+               "[s.bind((sys.argv[1], 0)) for s in socks]; print(*(s.getsockname()[1] for s in socks))")
+
+
+def free_ports_on(host: Any, count: int = 1, python: str = sys.executable, timeout_s: float = 30.0) -> list[int]:
+    """``count`` different TCP ports free on a launch host now (``host.run``: a tiny Python there
+    binds them at once, its own kernel picking them inside its namespace, then releases them)."""
+    proc = host.run([python, "-c", _FREE_PORTS, host.address, str(count)], stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    out, err = proc.communicate(timeout=timeout_s)
+    if proc.returncode != 0:
+        raise RuntimeError(f"could not find {count} free port(s) on {host.name}: {err.strip()}")
+    return [int(port) for port in out.split()]
+
+
+def free_port_on(host: Any, python: str = sys.executable, timeout_s: float = 30.0) -> int:
+    """A TCP port free on a launch host right now (``free_ports_on``)."""
+    return free_ports_on(host, 1, python, timeout_s)[0]
