@@ -45,7 +45,7 @@ def train_and_test(args, seed: int) -> tuple[float, float]:
     import torch.nn.functional as F
 
     from pipelines.config import load_config
-    from pipelines.training.loop import build_optimizer
+    from pipelines.training.steps import build_optimizer
     from pipelines.training.model import build_model
 
     ids, mask, labels = sample("train", args.train_samples, args.data_seed, args.seq_len, args.truncation, args.model)

@@ -1,20 +1,16 @@
-"""The IMDB distributed-training benchmark DAG (its page in the UI: ``doc_md``): wiring only.
-
-The trigger form, the conf -> config step, the cell plan and the alert text are ``pipelines.run.dag_plan``;
-the step order is ``pipelines.run.runner``'s and every task calls one function of ``pipelines.run`` with
-the run folder, as ``python -m pipelines run`` does. Nothing heavy is imported at parse time.
-"""
+"""The IMDB distributed-training benchmark DAG: wiring only. Its UI page (``doc_md``), trigger form,
+conf -> config step, cell plan and alert text are ``pipelines.run.dag_plan``; the step order is
+``pipelines.run.runner``'s; every task calls one ``pipelines.run`` function with the run folder."""
 
 from __future__ import annotations
 
 import logging
 
 from airflow.providers.smtp.notifications.smtp import SmtpNotifier  # ~10 ms (smtplib)
-from airflow.sdk import (
-    Asset, CronTriggerTimetable, TaskGroup, TriggerRule, chain, dag, get_current_context, setup, task,
-    teardown,
-)
+from airflow.sdk import (Asset, CronTriggerTimetable, TaskGroup, TriggerRule, chain, dag, get_current_context,
+                         setup, task, teardown)
 
+# light (pydantic, which Airflow has loaded): everything heavy is imported inside the tasks
 from pipelines.run import dag_plan
 from pipelines.run.runner import DATA_STEPS, FINISH_STEPS
 
@@ -34,8 +30,81 @@ def alert_notifier() -> SmtpNotifier:
                         html_content="{{ benchmark_alert(ti, exception).html }}")
 
 
-def _logged(name: str, result):
+def _logged(name: str, result):  # the task log shows what each step did
     log.info("%s: %s", name, result)
+    return result
+
+
+@task
+def prepare_run() -> str:
+    """Resolve the config (profile + params) and create the run folder; returns its path."""
+    ctx = get_current_context()
+    return dag_plan.start_run(dict(ctx["params"]), ctx["dag"].dag_id, ctx["run_id"])
+
+
+@setup
+def start_spark_cluster(run_dir: str) -> str | None:
+    """spark_master=embedded: start the run's standalone cluster; returns its URL."""
+    from pipelines.run import stages
+
+    return stages.start_spark_cluster(run_dir)
+
+
+@teardown
+def stop_spark_cluster(run_dir: str) -> list[int]:
+    """Stop the run's embedded cluster (if any), whatever the tasks before it did."""
+    from pipelines.run import stages
+
+    return stages.stop_spark_cluster(run_dir)
+
+
+@setup
+def start_cluster(run_dir: str) -> dict | None:
+    """cluster.kind=emulated: start the run's hosts (pipelines.cluster.lifecycle); its state."""
+    from pipelines.run import stages
+
+    return stages.start_cluster(run_dir)
+
+
+@teardown
+def stop_cluster(run_dir: str) -> list[str]:
+    """Stop the run's emulated hosts (if any), whatever the tasks before it did."""
+    from pipelines.run import stages
+
+    return stages.stop_cluster(run_dir)
+
+
+@task
+def plan(run_dir: str, workers: int) -> list[dict]:
+    """This run's cells with ``workers`` workers: the kwargs of the train.w<workers> instances."""
+    return dag_plan.cells_with(run_dir, workers)
+
+
+# retries=0: a failed cell is retried by stages.train_cell (matrix.cell_retries, resuming from its
+# last checkpoint), the same policy as the CLI's; an Airflow retry would add more on top
+@task(pool=dag_plan.POOL, retries=0,
+      map_index_template="{{ task.op_kwargs['backend'] }} {{ task.op_kwargs['strategy'] }}"
+                         " {{ task.op_kwargs['network'] }} x{{ task.op_kwargs['workers'] }}"
+                         " r{{ task.op_kwargs['repeat'] }}")
+def train(run_dir: str, backend: str, strategy: str, network: str, workers: int, repeat: int) -> dict:
+    """One (backend, strategy, network, workers, repeat) cell; retries resume from its last checkpoint."""
+    from pipelines.run import stages
+
+    result = stages.train_cell(run_dir, backend, workers, repeat, strategy=strategy, network=network)
+    return _logged(f"train {backend} {strategy} {network} x{workers} r{repeat}", result)
+
+
+@task
+def run_step(run_dir: str, step: str) -> dict:
+    """One step of pipelines.run.runner.DATA_STEPS or FINISH_STEPS (ingest, ..., check_regression)."""
+    from pipelines.run import runner
+
+    result = _logged(step, runner.run_step(step, run_dir))
+    if step == "track":  # MLflow has the run: publish its summary as an event of the asset
+        from pipelines.web.trends import asset_extra
+
+        ctx = get_current_context()
+        ctx["outlet_events"][BENCHMARK_SUMMARY].extra = asset_extra(run_dir, ctx["run_id"])
     return result
 
 
@@ -54,71 +123,6 @@ def _logged(name: str, result):
     user_defined_macros={"benchmark_alert": dag_plan.benchmark_alert},  # the alert mails' text
 )
 def imdb_benchmark():
-    @task
-    def prepare_run() -> str:
-        """Resolve the config (profile + params) and create the run folder; returns its path."""
-        ctx = get_current_context()
-        return dag_plan.start_run(dict(ctx["params"]), ctx["dag"].dag_id, ctx["run_id"])
-
-    @setup
-    def start_spark_cluster(run_dir: str) -> str | None:
-        """spark_master=embedded: start the run's standalone cluster; returns its URL."""
-        from pipelines.run import stages
-
-        return stages.start_spark_cluster(run_dir)
-
-    @teardown
-    def stop_spark_cluster(run_dir: str) -> list[int]:
-        """Stop the run's embedded cluster (if any), whatever the tasks before it did."""
-        from pipelines.run import stages
-
-        return stages.stop_spark_cluster(run_dir)
-
-    @setup
-    def start_cluster(run_dir: str) -> dict | None:
-        """cluster.kind=emulated: start the run's hosts (pipelines.cluster.lifecycle); its state."""
-        from pipelines.run import stages
-
-        return stages.start_cluster(run_dir)
-
-    @teardown
-    def stop_cluster(run_dir: str) -> list[str]:
-        """Stop the run's emulated hosts (if any), whatever the tasks before it did."""
-        from pipelines.run import stages
-
-        return stages.stop_cluster(run_dir)
-
-    @task
-    def plan(run_dir: str, workers: int) -> list[dict]:
-        """This run's cells with ``workers`` workers: the kwargs of the train.w<workers> instances."""
-        return dag_plan.cells_with(run_dir, workers)
-
-    # retries=0: a failed cell is retried by stages.train_cell (matrix.cell_retries, resuming from its
-    # last checkpoint), the same policy as the CLI's; an Airflow retry would add more on top
-    @task(pool=dag_plan.POOL, retries=0,
-          map_index_template="{{ task.op_kwargs['backend'] }} {{ task.op_kwargs['strategy'] }}"
-                             " {{ task.op_kwargs['network'] }} x{{ task.op_kwargs['workers'] }}"
-                             " r{{ task.op_kwargs['repeat'] }}")
-    def train(run_dir: str, backend: str, strategy: str, network: str, workers: int, repeat: int) -> dict:
-        """One (backend, strategy, network, workers, repeat) cell; retries resume from its last checkpoint."""
-        from pipelines.run import stages
-
-        result = stages.train_cell(run_dir, backend, workers, repeat, strategy=strategy, network=network)
-        return _logged(f"train {backend} {strategy} {network} x{workers} r{repeat}", result)
-
-    @task
-    def run_step(run_dir: str, step: str) -> dict:
-        """One step of pipelines.run.runner.DATA_STEPS or FINISH_STEPS (ingest, ..., check_regression)."""
-        from pipelines.run import runner
-
-        result = _logged(step, runner.run_step(step, run_dir))
-        if step == "track":  # MLflow has the run: publish its summary as an event of the asset
-            from pipelines.web.trends import asset_extra
-
-            ctx = get_current_context()
-            ctx["outlet_events"][BENCHMARK_SUMMARY].extra = asset_extra(run_dir, ctx["run_id"])
-        return result
-
     run_dir = prepare_run()
     spark_up, hosts_up = start_spark_cluster(run_dir), start_cluster(run_dir)
     data_steps = [run_step.override(task_id=step)(run_dir, step) for step in DATA_STEPS]
@@ -131,10 +135,9 @@ def imdb_benchmark():
             train.override(task_id=f"w{n}", pool_slots=n).partial(run_dir=run_dir).expand_kwargs(cells)
     train_group >> stop_spark_cluster(run_dir).as_teardown(setups=spark_up)
     train_group >> stop_cluster(run_dir).as_teardown(setups=hosts_up)
-    # evaluate runs once every cell is done, failed ones included, so the report shows them; each
-    # later step only after the one before succeeded (all_success; the CLI's policy too). evaluate
-    # (no result at all) and check_regression (regression, failed cells) alert people; track
-    # publishes the asset.
+    # evaluate runs once every cell is done, failed ones included, so the report shows them; each later
+    # step only after the one before succeeded (all_success; the CLI's policy too). evaluate (no result
+    # at all) and check_regression (regression, failed cells) alert people; track publishes the asset.
     step_options = {"evaluate": {"trigger_rule": TriggerRule.ALL_DONE,
                                  "on_failure_callback": [alert_notifier()]},
                     "track": {"outlets": [BENCHMARK_SUMMARY]},

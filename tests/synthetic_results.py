@@ -168,11 +168,11 @@ def write_synthetic_run(config: BenchmarkConfig, name: str = "run-a", skip: tupl
     for one cell (a strategy's payload and codec time, say). Each cell runs on its configured network.
     ``resources=True``: every finished cell also gets a synthetic usage and timeline (``with_resources``).
     """
-    paths = RunPaths(Path(config.output_root) / name)
+    paths = RunPaths(Path(config.tracking.output_root) / name)
     save_config(config, paths.config)
     paths.snapshot.mkdir(parents=True, exist_ok=True)
     paths.manifest.write_text(json.dumps({  # the shape pipelines.data.ingest writes
-        "source": config.dataset_source, "source_kind": "parquet", "seed": config.seed,
+        "source": config.data.dataset_source, "source_kind": "parquet", "seed": config.training.seed,
         "splits": {split: {"file": f"{split}.parquet", "rows": 2 * n, "source_rows": 25000,
                            "rows_per_label": {"0": n, "1": n}, "sha256": c * 64}
                    for split, n, c in (("train", 200, "a"), ("test", 100, "b"))},
@@ -183,7 +183,7 @@ def write_synthetic_run(config: BenchmarkConfig, name: str = "run-a", skip: tupl
         if cell.name in skip:
             continue
         more = cell_kwargs(str(backend), strategy, network, workers, repeat) if cell_kwargs else {}
-        result = make_result(backend.value, workers, repeat, network=network,
+        result = make_result(backend, workers, repeat, network=network,
                              status="failed" if cell.name in failed else "ok", **{**kwargs, **more})
         result = result.model_copy(update=config.strategy(strategy).result_fields())
         if resources and result.status == "ok":

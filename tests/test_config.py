@@ -12,17 +12,17 @@ from pipelines.config import (PROFILES, BenchmarkConfig, ConfigError, load_confi
 def test_profiles_exist_and_resolve():
     assert {"smoke", "nightly", "paper"} <= set(PROFILES)
     paper = load_config("paper")
-    assert paper.epochs == 20 and paper.train_samples is None and paper.test_samples is None
-    assert load_config("nightly").repeats >= 3
+    assert paper.training.epochs == 20 and paper.data.train_samples is None and paper.data.test_samples is None
+    assert load_config("nightly").matrix.repeats >= 3
     smoke = load_config("smoke")
-    assert smoke.train_samples <= 2000 and smoke.max_seq_len <= 128
+    assert smoke.data.train_samples <= 2000 and smoke.data.max_seq_len <= 128
 
 
 def test_overrides_layer_on_the_profile_and_none_keeps_it():
     cfg = load_config("smoke", {"epochs": 5, "batch_size": None, "backends": ["spark", "ddp", "spark"]})
-    assert cfg.epochs == 5 and cfg.batch_size == PROFILES["smoke"]["batch_size"]
-    assert cfg.backends == ["spark", "ddp"]
-    assert load_config("smoke", {"worker_counts": [2, 1, 2]}).worker_counts == [1, 2]
+    assert cfg.training.epochs == 5 and cfg.training.batch_size == PROFILES["smoke"]["batch_size"]
+    assert cfg.matrix.backends == ["spark", "ddp"]
+    assert load_config("smoke", {"worker_counts": [2, 1, 2]}).matrix.worker_counts == [1, 2]
 
 
 @pytest.mark.parametrize("overrides, field, hint", [
@@ -80,12 +80,12 @@ def test_each_cell_gets_its_seed_batch_and_learning_rate(make_config):
     per_worker = make_config(seed=42, batch_size=16, batch_policy="per_worker", learning_rate=1e-3,
                              lr_scaling="linear")
     cell = per_worker.for_cell(world_size=2, repeat=3)
-    assert cell.seed == 45 and cell.batch_size == 16  # global batch 32
-    assert cell.learning_rate == pytest.approx(2e-3)  # linear: x (32 / 16)
-    assert per_worker.for_cell(1, 0).learning_rate == pytest.approx(1e-3)
+    assert cell.training.seed == 45 and cell.training.batch_size == 16  # global batch 32
+    assert cell.training.learning_rate == pytest.approx(2e-3)  # linear: x (32 / 16)
+    assert per_worker.for_cell(1, 0).training.learning_rate == pytest.approx(1e-3)
 
     fixed = make_config(batch_size=32, batch_policy="global", lr_scaling="sqrt", learning_rate=1e-3)
-    assert fixed.for_cell(2, 0).batch_size == 16 and fixed.for_cell(2, 0).learning_rate == pytest.approx(1e-3)
+    assert fixed.for_cell(2, 0).training.batch_size == 16 and fixed.for_cell(2, 0).training.learning_rate == pytest.approx(1e-3)
     with pytest.raises(ConfigError, match="cannot be split evenly over 3 workers"):
         fixed.for_cell(3, 0)
 
@@ -95,7 +95,7 @@ def test_fingerprint_follows_the_work_not_the_placement(make_config):
     assert base.fingerprint() == make_config(output_root="/elsewhere", spark_master="spark://h:7077",
                                              regression_time_threshold=0.5).fingerprint()
     assert base.fingerprint() != make_config(learning_rate=5e-4).fingerprint()
-    assert base.fingerprint() != make_config(batch_policy="per_worker" if base.batch_policy == "global"
+    assert base.fingerprint() != make_config(batch_policy="per_worker" if base.training.batch_policy == "global"
                                              else "global").fingerprint()
 
 
@@ -106,7 +106,7 @@ FLAT_CONFIG = Path(__file__).parent / "fixtures" / "config_before_sections.json"
 def test_dotted_paths_and_flat_names_set_the_same_field():
     assert load_config("smoke", {"training.epochs": 1}) == load_config("smoke", {"epochs": 1})
     config = load_config("smoke", {"engines.spark.master": "embedded", "matrix.repeats": 2})
-    assert config.engine("spark").master == config.spark_master == "embedded" and config.matrix.repeats == 2
+    assert config.engine("spark").master == config.engines.spark.master == "embedded" and config.matrix.repeats == 2
     assert config.model_copy(update={"ray_address": "auto"}).engines.ray.address == "auto"
     with pytest.raises(ConfigError, match="training.nope"):
         load_config("smoke", {"training.nope": 1})

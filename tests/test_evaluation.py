@@ -59,7 +59,7 @@ def test_evaluate_run_aggregates_and_failures(make_config):
     assert aggs["spark-w2"]["overhead_vs_ddp_total"] > 0  # spark's session start-up
     assert aggs["ddp-w1"]["overhead_vs_ddp_training"] == 0.0
     assert summary["model_sources"] == ["random_init"]
-    assert summary["dataset"]["source"] == config.dataset_source
+    assert summary["dataset"]["source"] == config.data.dataset_source
 
 
 def test_no_single_worker_cell_means_no_scaling_efficiency(make_config):

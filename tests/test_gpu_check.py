@@ -126,7 +126,7 @@ def _tiny_model():
 
 def test_autocast_and_fused_adamw_options():
     from pipelines.config import load_config
-    from pipelines.training.loop import build_optimizer
+    from pipelines.training.steps import build_optimizer
 
     model = _tiny_model()
     ids = torch.randint(0, 1000, (2, 8))
@@ -244,7 +244,7 @@ def test_whole_step_check_catches_a_wrong_schedule(monkeypatch):
 
 def test_schedule_table_is_the_projects_scheduler():
     from pipelines.training.graph_step import schedule_table
-    from pipelines.training.loop import build_optimizer
+    from pipelines.training.steps import build_optimizer
 
     model, config, _, _ = _whole_step_case()
     optimizer, scheduler = build_optimizer(model, config, 50)
@@ -295,7 +295,7 @@ def test_whole_step_and_eval_never_read_the_device_on_the_host():
 
 def test_graph_eval_equals_the_loops_evaluate():
     from pipelines.training.graph_step import GraphEval, batch_sizes
-    from pipelines.training.loop import eval_loader, evaluate
+    from pipelines.training.steps import eval_loader, evaluate
 
     model, _, data, _ = _whole_step_case(rows=21)
     assert batch_sizes(21, 8) == [8, 8, 5] and batch_sizes(16, 8) == [8, 8]
@@ -373,7 +373,7 @@ def test_gpu_command_tiny_on_cpu_whole_step_trains_as_the_loop(tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (graph capture)")
 def test_captured_whole_step_matches_the_loop_step_on_cuda():
     from pipelines.training.graph_step import GraphEval, verify_whole_step
-    from pipelines.training.loop import eval_loader, evaluate
+    from pipelines.training.steps import eval_loader, evaluate
 
     model, config, data, order = _whole_step_case()
     model.cuda()

@@ -87,7 +87,7 @@ def test_report_table_and_plots_match_results(make_config):
     # what was run on what, and what failed, in plain words
     assert "determined-w2-r1" in md and "exited with code 1" in md
     assert "randomly initialised" in md and "NOT comparable" in md
-    assert config.dataset_source in md
+    assert config.data.dataset_source in md
     assert '- train: 400 rows (of 25000 in the source), per label {"0": 200, "1": 200}' in md
     assert "bench-host" in md and "torch 2.13.0+cpu" in md
 

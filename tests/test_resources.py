@@ -235,7 +235,7 @@ def test_a_real_local_ddp_cell_records_its_resources(make_config, imdb_dir, bert
     from tests.token_shards import write_token_shards
 
     config = make_config(max_seq_len=32, epochs=1, batch_size=16, batch_policy="per_worker")
-    paths = write_token_shards(RunPaths(Path(config.output_root) / "real"), imdb_dir, bert_tiny_dir,
+    paths = write_token_shards(RunPaths(Path(config.tracking.output_root) / "real"), imdb_dir, bert_tiny_dir,
                                train_per_class=32, test_per_class=16, seq_len=32, seed=7)
     result = run_cell(config, paths, "ddp", 2, 0)
     usage = result.resources

@@ -59,9 +59,9 @@ def test_run_ids_map_to_safe_unique_folders(make_config, tmp_path):
     assert safe_run_id("nightly-1") == "nightly-1"  # clean ids stay as they are
     assert safe_run_id("run:1") != safe_run_id("run+1")  # cleaned alike, kept apart
     config = make_config(output_root=str(tmp_path / "out"))
-    run_dir = prepare_run("smoke", {"output_root": str(tmp_path / "out"), "dataset_source": config.dataset_source,
-                                    "tokenizer_source": config.tokenizer_source,
-                                    "model_source": config.model_source}, "../../escape")
+    run_dir = prepare_run("smoke", {"output_root": str(tmp_path / "out"), "dataset_source": config.data.dataset_source,
+                                    "tokenizer_source": config.data.tokenizer_source,
+                                    "model_source": config.training.model_source}, "../../escape")
     assert Path(run_dir).parent == (tmp_path / "out").resolve() and "escape" in Path(run_dir).name
 
 

@@ -12,7 +12,7 @@ from tests.synthetic_results import write_synthetic_run
 def test_strategies_get_their_own_cells_aggregates_and_report_table(make_config):
     config = make_config(backends=["ddp", "spark"], worker_counts=[1, 2],
                          strategies=["default", "powersgd-r2", "weighted_sampler"])
-    assert [s.name for s in config.strategies] == ["default", "powersgd-r2", "weighted_sampler"]
+    assert [s.name for s in config.matrix.strategies] == ["default", "powersgd-r2", "weighted_sampler"]
     paths, results = write_synthetic_run(config)
     # cell names: the default keeps today's, others carry the strategy; no 1-worker powersgd cell
     assert {"ddp-w2-r0", "ddp-powersgd-r2-w2-r0", "ddp-weighted_sampler-w1-r0"} <= set(results)

@@ -101,7 +101,7 @@ def test_log_benchmark_parent_and_nested_runs(store, make_config, request, tmp_p
 
     parent = client.get_run(out["parent_run_id"])
     assert parent.info.run_name == paths.root.name and parent.info.status == "FINISHED"
-    assert parent.data.params["epochs"] == str(config.epochs)
+    assert parent.data.params["epochs"] == str(config.training.epochs)
     assert json.loads(parent.data.params["backends"]) == ["ddp", "spark"]
     assert parent.data.tags["profile"] == "smoke" and parent.data.tags["benchmark.status"] == "success"
     agg = {a["key"]: a for a in summary["aggregates"]}
@@ -135,7 +135,7 @@ def test_log_benchmark_parent_and_nested_runs(store, make_config, request, tmp_p
     original = paths.cell("spark", 2, 0).result
     assert json.loads(Path(local).read_text()) == json.loads(original.read_text())
     if store == "sqlite":  # artifacts next to the database, never in the working directory
-        beside_db = (Path(config.output_root).resolve() / "mlartifacts").as_uri()
+        beside_db = (Path(config.tracking.output_root).resolve() / "mlartifacts").as_uri()
         assert parent.info.artifact_uri.startswith(beside_db)
 
     # idempotent: a second call reuses every run and does not duplicate metric history
@@ -245,6 +245,6 @@ def test_racing_cell_tasks_share_one_parent(make_config):
         parents = list(pool.map(_start_cell, [str(paths.root)] * 2, [1, 2]))
     assert parents[0] == parents[1]
     client = MlflowClient(tracking_uri=config.resolved_tracking_uri())
-    exp = client.get_experiment_by_name(config.mlflow_experiment)
+    exp = client.get_experiment_by_name(config.tracking.mlflow_experiment)
     assert len(client.search_runs([exp.experiment_id], "tags.`benchmark.role` = 'parent'")) == 1
     assert set(_children(client, parents[0])) == {"ddp-w1-r0", "ddp-w2-r0"}

@@ -40,6 +40,8 @@ from typing import Self
 
 import psutil
 
+from pipelines.cluster.processes import stop_tree
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CONTROLLERS = ("cpuset", "memory", "cpuacct")  # cpuacct: a host's CPU time (pipelines.measure.resources)
 SUBNET = "10.213.0"  # /24; only ever configured inside this code's own namespaces
@@ -161,21 +163,7 @@ def _netns_pids(netns: str) -> list[int]:
 
 def kill_pids(pids: list[int], grace_s: float = 3.0) -> None:
     """SIGTERM, wait up to grace_s, then SIGKILL whatever is left (never this process)."""
-    procs = []
-    for pid in set(pids) - {os.getpid()}:
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            pass
-    for signal_name in ("terminate", "kill"):
-        for proc in procs:
-            try:
-                getattr(proc, signal_name)()
-            except psutil.NoSuchProcess:
-                pass
-        _, procs = psutil.wait_procs(procs, timeout=grace_s)
-        if not procs:
-            return
+    stop_tree(set(pids) - {os.getpid()}, grace_s, kill_wait_s=grace_s, tree=False)
 
 
 def remove_netns_and_cgroups(netns: list[str], cgroups: list[Path]) -> None:

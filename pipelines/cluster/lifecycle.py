@@ -28,7 +28,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -38,6 +37,7 @@ from pathlib import Path
 import psutil
 
 from pipelines.cluster.emulated import EmulatedCluster, EmulatedHost, NetworkSpec, _cmd, sweep
+from pipelines.cluster.processes import start_session, stop_tree
 from pipelines.config import BenchmarkConfig
 from pipelines.runfolder.paths import RunPaths
 
@@ -60,12 +60,6 @@ def _read(paths: RunPaths) -> dict | None:
 def is_running(paths: RunPaths) -> bool:
     state = _read(paths)
     return bool(state and state.get("status") == "ready" and psutil.pid_exists(state["keeper_pid"]))
-
-
-def _die_with_parent() -> None:  # preexec_fn: the kernel sends SIGTERM when the parent dies
-    import ctypes
-
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def start(paths: RunPaths, config: BenchmarkConfig, tied_to_caller: bool = False) -> dict | None:
@@ -92,8 +86,8 @@ def start(paths: RunPaths, config: BenchmarkConfig, tied_to_caller: bool = False
     if tied_to_caller:
         argv += ["--owner-pid", str(os.getpid())]
     with open(paths.cluster / "keeper.log", "a") as out:
-        keeper = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                  start_new_session=True, preexec_fn=_die_with_parent if tied_to_caller else None)
+        keeper = start_session(argv, die_with_parent=tied_to_caller, stdout=out, stderr=subprocess.STDOUT,
+                               stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + STARTUP_S
     while (state := _read(paths)) is None or state.get("status") != "ready":
         if keeper.poll() is not None or time.monotonic() > deadline:
@@ -114,14 +108,9 @@ def stop(paths: RunPaths) -> list[str]:
     if state is None:
         return []
     if state and psutil.pid_exists(state["keeper_pid"]):
-        keeper = psutil.Process(state["keeper_pid"])
-        keeper.terminate()
-        try:
-            keeper.wait(STOP_S)
-        except psutil.TimeoutExpired:
-            log.warning("the cluster keeper %d did not stop in %.0fs: killed, leftovers swept", keeper.pid, STOP_S)
-            keeper.kill()
-            keeper.wait(5)
+        if stop_tree([state["keeper_pid"]], STOP_S, kill_wait_s=5.0, tree=False):
+            log.warning("the cluster keeper %d did not stop in %.0fs: killed, leftovers swept", state["keeper_pid"],
+                        STOP_S)
     return sweep()
 
 

@@ -2,8 +2,8 @@
 
 Fields are addressed by dotted path (``training.epochs``, ``engines.spark.master``) or by the
 flat name they had before sections existed (``epochs``, ``spark_master``): both work as input
-(``--set``, DAG params, ``model_copy(update=...)``, old ``config.json`` files) and for reading
-(``config.epochs`` is ``config.training.epochs``). Unknown keys and wrong types are refused
+(``--set``, DAG params, ``model_copy(update=...)``, old ``config.json`` files); code reads the
+sections (``config.training.epochs``, ``config.engine("spark").master``). Unknown keys and wrong types are refused
 with a message naming the field and what is allowed.
 
     >>> cfg = load_config("smoke", {"training.epochs": 3})
@@ -202,17 +202,6 @@ class BenchmarkConfig(BaseModel):
             raise ValueError(str(err)) from None
         base = {k: (v.model_dump() if isinstance(v, BaseModel) else v) for k, v in values.items() if k not in flat}
         return _merge(base, nested)
-
-    def __getattr__(self, name: str) -> Any:
-        """Flat names read through to their section (``config.epochs`` -> ``config.training.epochs``)."""
-        if not name.startswith("_"):
-            path = _section_fields().get(name)
-            if path is not None:
-                value: Any = self
-                for part in path:
-                    value = value.of(part) if isinstance(value, EnginesConfig) else getattr(value, part)
-                return value
-        return super().__getattr__(name)  # type: ignore[misc]
 
     def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> "BenchmarkConfig":
         """A changed copy, validated again; ``update`` keys are dotted paths or flat names."""

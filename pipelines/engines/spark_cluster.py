@@ -44,14 +44,13 @@ import json
 import logging
 import os
 import secrets
-import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from pipelines.cluster.processes import free_port, start_session, stop_groups
 from pipelines.config import BenchmarkConfig
 from pipelines.runfolder.fileio import atomic_write_json
 from pipelines.runfolder.paths import RunPaths
@@ -75,30 +74,16 @@ class ClusterNotRunning(RuntimeError):
     """spark_master="embedded" but the run's cluster was not started (or is gone)."""
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _spark_home() -> Path:
     import pyspark
 
     return Path(pyspark.__file__).resolve().parent
 
 
-def _die_with_parent() -> None:  # preexec_fn: the kernel sends SIGTERM when the starting thread ends
-    import ctypes
-
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
 def _spark_class(home: Path, args: list[str], env: dict, log_file: Path, tied: bool) -> subprocess.Popen:
-    with open(log_file, "w") as out:
-        return subprocess.Popen([str(home / "bin" / "spark-class"), *args], env=env, stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True,  # own group: outlives a task, killed as one
-                                preexec_fn=_die_with_parent if tied and _DIE_WITH_OWNER else None)  # noqa: PLW1509 - prctl only
+    with open(log_file, "w") as out:  # own group: outlives a task, killed as one
+        return start_session([str(home / "bin" / "spark-class"), *args], die_with_parent=tied and _DIE_WITH_OWNER,
+                             env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
 def _wait_for_line(log_file: Path, needle: str, procs: list[subprocess.Popen]) -> None:
@@ -155,10 +140,10 @@ def start(paths: RunPaths, workers: int | None = None, tied_to_caller: bool = Fa
     secret = secrets.token_hex(32)
     owner = _owner_mark(os.getpid()) if tied_to_caller else None
     env = _daemon_env(paths, secret, owner)
-    port = _free_port()
+    port = free_port()
     url = f"spark://127.0.0.1:{port}"
     procs = [_spark_class(home, ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                                 "--port", str(port), "--webui-port", str(_free_port())],
+                                 "--port", str(port), "--webui-port", str(free_port())],
                           env, folder / "master.log", tied_to_caller)]
     _record(paths, url, procs, secret, owner)  # written at once: a failed start is still stopped by stop()
     try:
@@ -166,7 +151,7 @@ def start(paths: RunPaths, workers: int | None = None, tied_to_caller: bool = Fa
         for i in range(1, workers + 1):
             procs.append(_spark_class(home, [
                 "org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1", "--cores", "1",
-                "--memory", "1g", "--webui-port", str(_free_port()), "--work-dir", str(folder / f"worker{i}"),
+                "--memory", "1g", "--webui-port", str(free_port()), "--work-dir", str(folder / f"worker{i}"),
             ], env, folder / f"worker{i}.log", tied_to_caller))
             _record(paths, url, procs, secret, owner)
         for i in range(1, workers + 1):
@@ -218,19 +203,9 @@ def is_running(paths: RunPaths) -> bool:
 
 
 def _terminate(pids: list[int]) -> None:
-    """SIGTERM each process group, SIGKILL what still runs after STOP_S; reap our own children."""
-    for sig, wait in ((signal.SIGTERM, STOP_S), (signal.SIGKILL, 5.0)):
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, sig)
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline and any(_alive(p) for p in pids):
-            time.sleep(0.2)
-        if not any(_alive(p) for p in pids):
-            break
-    for pid in pids:  # reap our own children (the CLI's case); others are reaped by init
-        with contextlib.suppress(ChildProcessError, OSError):
-            os.waitpid(pid, os.WNOHANG)
+    """SIGTERM each process group, SIGKILL them when a daemon still runs after STOP_S; reap our own
+    children (the CLI's case; others are reaped by init)."""
+    stop_groups(pids, STOP_S, kill_wait_s=5.0, alive=_alive)
 
 
 def stop(paths: RunPaths) -> list[int]:

@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Iterator
 
+from pipelines.cluster.processes import sigkill
 from pipelines.measure import attempts
 from pipelines.runfolder.fileio import atomic_write_json
 from pipelines.runfolder.paths import CellPaths
@@ -49,20 +50,9 @@ def _kill_host(host, rounds: int = 20) -> list[int]:
         if not pids:
             break
         killed += pids
-        _sigkill(pids)
+        sigkill(pids)
         time.sleep(0.05)
     return sorted(set(killed))
-
-
-def _sigkill(pids: list[int]) -> None:
-    import os
-    import signal
-
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 class HostLoss:

@@ -24,6 +24,8 @@ import signal
 import threading
 from collections.abc import Iterator
 
+from pipelines.cluster.processes import kill_after, stop_tree
+
 log = logging.getLogger(__name__)
 GRACE_S = 5.0
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -42,31 +44,15 @@ def terminate_descendants(grace: float = GRACE_S) -> list[int]:
     import psutil
 
     children = psutil.Process().children(recursive=True)
-    for child in children:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            child.terminate()
-    _kill_survivors(children, grace, grace)
+    stop_tree(children, grace, kill_wait_s=grace, tree=False)  # each one is signalled itself
     return [c.pid for c in children]
-
-
-def _kill_survivors(processes: list, grace: float, kill_wait: float) -> list:
-    """Wait up to ``grace`` for ``processes`` (psutil) to exit, SIGKILL the rest (then wait up
-    to ``kill_wait`` for them); returns those that had to be killed."""
-    import psutil
-
-    _, alive = psutil.wait_procs(processes, timeout=grace)
-    for proc in alive:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            proc.kill()
-    psutil.wait_procs(alive, timeout=kill_wait)
-    return alive
 
 
 def stop_leftovers(processes: list, grace_s: float = GRACE_S, owner: str = "cell") -> list:
     """After a platform shut its processes down (e.g. ``ray.shutdown()``): give them ``grace_s``
     to exit (workers may notice their daemon is gone only by polling, seconds on a loaded
     host), then SIGKILL the rest, so none outlives its cell. Returns those that were killed."""
-    alive = _kill_survivors(processes, grace_s, 5.0)
+    alive = kill_after(processes, grace_s, 5.0)
     if alive:
         log.warning("%s: %d process(es) still running %.0f s after shutdown were killed", owner, len(alive), grace_s)
     return alive

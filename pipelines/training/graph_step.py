@@ -1,6 +1,6 @@
 """The whole training step as one function, captured once in a CUDA graph on a GPU.
 
-``WholeStep`` is the loop's step (``loop._train_epoch``: ``steps.forward``, backward, AdamW and
+``WholeStep`` is the loop's step (``steps.train_step``: ``steps.forward``, backward, AdamW and
 the warm-up/decay schedule of ``steps.build_optimizer``) with everything on the device: the train
 split (a device cursor picks the step's rows of the epoch's order, the loop's sampler's), AdamW
 ``fused=True, capturable=True`` with the learning rate a device tensor set inside the step from a
@@ -26,10 +26,11 @@ import torch
 from pipelines.training.cell import CellSpec
 from pipelines.training import checkpoint as ckpt
 from pipelines.training.distributed import DistEnv, TorchDistributed
+from pipelines.training.engine import TorchEngine
 from pipelines.training.model import build_model
 from pipelines.training.outcome import timed_export, worker_devices, worker_result, write_worker_result
 from pipelines.training.record import TrainingRecord
-from pipelines.training.steps import build_optimizer, final_test, forward, load_split, train_loader
+from pipelines.training.steps import build_optimizer, final_test, forward, load_split, train_loader, train_step
 
 log = logging.getLogger("pipelines.training")
 WARMUP_STEPS = 3  # eager steps on a side stream before a capture (lazy state, cuBLAS, compile)
@@ -259,16 +260,14 @@ def dropout_off(model: torch.nn.Module, off: bool = True):
 
 
 def loop_steps(model, module, config, batches: list[tuple], device: torch.device) -> list[float]:
-    """The shared loop's step (``loop._train_epoch``, its default AdamW and LambdaLR) over
-    ``batches``: forward, zero_grad, backward, optimizer step, scheduler step -> the losses."""
+    """The shared loop's step (``steps.train_step`` with the default engine, AdamW and LambdaLR)
+    over ``batches``: forward, zero_grad, backward, optimizer step, scheduler step -> the losses."""
     optimizer, scheduler = build_optimizer(model, config, len(batches))
+    engine = TorchEngine()
+    engine.attach(model, module, optimizer, scheduler, runtime=None)
     losses = []
     for batch in batches:
-        loss, _, _ = forward(module, batch, device)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        scheduler.step()
+        loss, _, _ = train_step(engine, module, batch, device)
         losses.append(loss.item())
     return losses
 

@@ -1,8 +1,10 @@
 """The shared training loop: every backend runs exactly this code in every rank.
 
-Started through ``pipelines.training.worker`` (torchrun, TorchDistributor); the Determined
-trial reuses its pieces (data, loaders, optimizer, evaluation: ``pipelines.training.steps``;
-result: ``pipelines.training.outcome``; both importable from here) and its timing record.
+Started through ``pipelines.training.worker`` (torchrun, TorchDistributor), Ray Train's and the
+Spark dataframe feed's entries; the Determined trial (Determined's Trainer owns its loop) shares
+its building blocks (``pipelines.training.steps``: data, loaders, optimizer, training step,
+evaluation), its engine hooks and, with every rank of every platform, ``RankProcess``
+(``pipelines.training.process``: pid file, heartbeat, record, result).
 Reads the token shards of the run folder, trains with DistributedSampler + AdamW (torch's fused kernel) + linear
 warm-up, all-reduces per-epoch train loss/accuracy, evaluates on the validation split (carved
 from train at ingest) each epoch, checkpoints every epoch to ``<cell>/checkpoints`` and resumes
@@ -14,13 +16,17 @@ gloo on CPU, nccl on GPU (with bf16 autocast) and DDP. Rank 0 alone logs, checkp
 writes ``<cell>/worker_result.json``. Phase timings come from ``TrainingRecord``
 (``pipelines.training.record``), the one definition shared with the Determined trial.
 
+Engine: backward, the optimizer and scheduler steps and the model / optimizer / scheduler part
+of each checkpoint are the seam's engine's (``pipelines.training.engine``; plain torch by
+default), so an engine that owns them (DeepSpeed) plugs in here instead of a second loop.
+
 Strategies: what a cell's training strategy changes (DDP comm hook, local SGD averaging, FSDP2
 sharding, weighted loss) is the ``pipelines.training.runtime`` object the loop calls at fixed
 points; the loop itself is the same for all of them.
 
 Extension point: ``PIPELINES_EPOCH_END_HOOK=module:function`` is called on every rank after
 each epoch's checkpoint with ``epoch``, ``rank`` and ``cell_dir`` (tests use it to inject
-faults at a known point: tests/fault_injection.py).
+faults at a known point: tests/fault_injection.py); the Determined trial resolves it here too.
 """
 
 from __future__ import annotations
@@ -31,40 +37,26 @@ import os
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, TensorDataset
 
-from pipelines.measure import attempts
-from pipelines.training.cell import CellSpec
 from pipelines.config import BenchmarkConfig
-from pipelines.measure.resources import write_rank_pid
 from pipelines.training import checkpoint as ckpt
-from pipelines.training import strategies
+from pipelines.training.cell import CellSpec
 from pipelines.training.distributed import DistEnv, TorchDistributed, all_reduce_sum, link_tx_bytes
+from pipelines.training.engine import TorchEngine
 from pipelines.training.model import build_model
-from pipelines.training.outcome import (step_link_bytes, timed_export, worker_devices, worker_result,
-                                        write_worker_result)
+from pipelines.training.outcome import step_link_bytes
+from pipelines.training.process import RankProcess
 from pipelines.training.record import TrainingRecord
 from pipelines.training.runtime import Replicated, runtime_for
-from pipelines.training.steps import (
-    build_optimizer,
-    eval_loader,
-    evaluate,
-    final_test,
-    forward,
-    load_split,
-    loss_weights,
-    train_class_counts,
-    train_loader,
-)
+from pipelines.training.steps import (build_optimizer, eval_loader, evaluate, load_split, train_class_counts,
+                                      train_loader, train_step)
 
-# what the Determined trial, tests and bench import from here (defined in steps and outcome)
-__all__ = ["EPOCH_END_HOOK_ENV", "build_optimizer", "epoch_end_hook", "eval_loader", "evaluate",
-           "final_test", "forward", "load_split", "loss_weights", "run_training", "strategies",
-           "timed_export", "train_class_counts", "train_loader", "worker_devices", "worker_result",
-           "write_worker_result"]
+__all__ = ["EPOCH_END_HOOK_ENV", "epoch_end_hook", "run_training"]
 
 log = logging.getLogger("pipelines.training")
 EPOCH_END_HOOK_ENV = "PIPELINES_EPOCH_END_HOOK"
@@ -83,15 +75,16 @@ def epoch_end_hook():
 def run_training(spec: CellSpec, launch_time: float, distributed: TorchDistributed | None = None) -> None:
     """Train one cell in this rank; rank 0 writes worker_result.json at the end.
 
-    ``distributed`` decides who owns the process group and wraps the model (the default:
-    torchrun's environment and DDP); it is torn down here whatever happens.
+    ``distributed`` decides who owns the process group, wraps the model and runs its optimizer
+    work (the default: torchrun's environment, DDP, plain torch); it is torn down here whatever
+    happens.
     """
     distributed = distributed or TorchDistributed()
     torch.set_num_threads(spec.config.training.threads_per_worker)  # torchrun sets OMP threads only sometimes
     env = distributed.setup()
-    write_rank_pid(spec.cell_dir, env.rank)  # this process is a rank of the cell (pipelines.measure.resources)
     try:
-        _train(spec, env, distributed, launch_time)
+        process = RankProcess(spec, env, launch_time, epoch_end=epoch_end_hook())  # its pid file
+        _train(process, distributed)
     finally:
         distributed.teardown()
 
@@ -113,16 +106,15 @@ def _resume_state(spec: CellSpec, env: DistEnv) -> tuple[dict | None, str | None
 class _Run:
     """One rank's training of one cell: what the steps of ``_train`` share."""
 
-    spec: CellSpec
-    env: DistEnv
+    process: RankProcess  # pid file, heartbeat, record, result (pipelines.training.process)
     distributed: TorchDistributed
     runtime: Replicated  # the strategy's part (pipelines.training.runtime)
+    engine: TorchEngine  # backward, optimizer and scheduler steps, checkpoint state
     loader: DataLoader
     held_out: DataLoader
     eval_batches: int | None  # FSDP: evaluation forwards every rank runs
     model: torch.nn.Module  # the model itself (FSDP: sharded in place)
     wrapped: torch.nn.Module  # what the training steps call (DDP, FSDP, a framework's wrapper)
-    optimizer: torch.optim.Optimizer
     scheduler: object
     record: TrainingRecord
     checkpoint_path: str | None
@@ -132,16 +124,26 @@ class _Run:
     step_tx_bytes: int | None = None  # this host's link bytes sent during this attempt's steps
     steps_trained: int = 0  # optimizer steps of this attempt
 
+    @property
+    def spec(self) -> CellSpec:
+        return self.process.spec
 
-def _prepare(spec: CellSpec, env: DistEnv, distributed: TorchDistributed) -> _Run:
-    """Data, model, strategy runtime, optimizer and record of this rank, resumed from the newest
-    good checkpoint of the cell if there is one."""
+    @property
+    def env(self) -> DistEnv:
+        return self.process.env
+
+
+def _prepare(process: RankProcess, distributed: TorchDistributed) -> _Run:
+    """Data, model, strategy runtime, engine, optimizer and record of this rank, resumed from the
+    newest good checkpoint of the cell if there is one."""
+    spec, env = process.spec, process.env
     cfg = spec.config
     train_set, test_set = load_split(spec.paths, "train"), load_split(spec.paths, "test")
     validation_set = load_split(spec.paths, "validation")  # per-epoch eval, time-to-target
     model, model_source = build_model(cfg.training.model_source, cfg.training.seed, spec.num_labels)  # same on every rank
     model.to(env.device)
     runtime = runtime_for(cfg.strategy(), distributed, env, lambda: train_class_counts(spec))
+    engine = distributed.engine(env)
     loader = runtime.prepare_loader(train_loader(train_set, cfg, env, runtime.counts))
     held_out = eval_loader(validation_set, cfg.training.batch_size, env)
     eval_batches = runtime.eval_batches(len(validation_set), cfg.training.batch_size)
@@ -149,24 +151,23 @@ def _prepare(spec: CellSpec, env: DistEnv, distributed: TorchDistributed) -> _Ru
 
     state, checkpoint_path = _resume_state(spec, env)
     if state is not None:
-        model.load_state_dict(state["model"])  # full weights, before any wrapping or sharding
+        engine.load_model_state(model, state)  # full weights, before any wrapping or sharding
     runtime.shard(model)  # FSDP2: the optimizer below is built over the shards
     optimizer, scheduler = build_optimizer(model, cfg, steps_per_epoch * cfg.training.epochs,
                                            **distributed.optimizer_options(env))
     torch.manual_seed(cfg.training.seed + env.rank)  # dropout stream: distinct per rank, reproducible
     samples_per_epoch = len(loader.sampler) * env.world_size  # padded rows included: they are trained
-
+    record = process.start_record(state and state["record"], samples_per_epoch)
+    wrapped = runtime.wrap(model, steps_done=record.epochs_done * steps_per_epoch)
+    wrapped = engine.attach(model, wrapped, optimizer, scheduler, runtime)
     if state is not None:
-        runtime.load_optimizer_state(model, optimizer, state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
+        engine.load_state(state)  # optimizer and scheduler
         ckpt.set_rng_state(state["rng"][env.rank])
         if env.is_main:
             log.info("resuming from %s at epoch %d", checkpoint_path, int(state["epoch"]) + 1)
-    record = TrainingRecord.from_state(state and state["record"], samples_per_epoch)
-    wrapped = runtime.wrap(model, steps_done=record.epochs_done * steps_per_epoch)
     wrapped.train()
-    return _Run(spec, env, distributed, runtime, loader, held_out, eval_batches, model, wrapped,
-                optimizer, scheduler, record, checkpoint_path, model_source, len(train_set), test_set)
+    return _Run(process, distributed, runtime, engine, loader, held_out, eval_batches, model, wrapped,
+                scheduler, record, checkpoint_path, model_source, len(train_set), test_set)
 
 
 class _Progress:
@@ -175,18 +176,14 @@ class _Progress:
     def __init__(self, run: _Run, total_steps: int) -> None:
         self.run, self.total_steps = run, total_steps
         self.steps_per_epoch = len(run.loader)
-        self.done, self.last_beat = 0, 0.0
+        self.done = 0
 
     def step(self, epoch: int, i: int, loss: torch.Tensor) -> None:
         """After step ``i`` (0-based) of ``epoch``."""
         self.done += 1
         run = self.run
-        if not run.env.is_main:
-            return
-        if time.time() - self.last_beat > 0.25:  # a killed attempt's end; where training is
-            attempts.beat(run.spec.cell, epoch + 1, i + 1, self.steps_per_epoch)
-            self.last_beat = time.time()
-        if (i + 1) % max(1, self.steps_per_epoch // 4) == 0:
+        run.process.beat(epoch + 1, i + 1, self.steps_per_epoch)  # rank 0: where training is
+        if run.env.is_main and (i + 1) % max(1, self.steps_per_epoch // 4) == 0:
             rate = (time.time() - run.record.first_step) / self.done
             log.info("epoch %d/%d step %d/%d loss %.4f lr %.2e eta %.0fs", epoch + 1,
                      run.spec.config.training.epochs, i + 1, self.steps_per_epoch, loss.item(),
@@ -199,14 +196,11 @@ def _train_epoch(run: _Run, epoch: int, progress: _Progress) -> tuple[float, flo
     env, record, runtime = run.env, run.record, run.runtime
     loss_sum = torch.zeros((), dtype=torch.float64, device=env.device)
     acc_sum = torch.zeros((), dtype=torch.float64, device=env.device)
+    after_step = partial(runtime.after_step, record)  # local SGD: periodic parameter averaging
     tx_before = link_tx_bytes()  # on a launch host: what the steps alone move over the link
     for i, batch in enumerate(record.timed_batches(run.loader)):
-        loss, logits, labels = forward(run.wrapped, batch, env.device, runtime.loss_weights)
-        run.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        run.optimizer.step()
-        runtime.after_step(record)  # local SGD: periodic parameter averaging
-        run.scheduler.step()
+        loss, logits, labels = train_step(run.engine, run.wrapped, batch, env.device, runtime.loss_weights,
+                                          after_step)
         loss_sum += loss.detach()
         acc_sum += (logits.argmax(-1) == labels).double().mean()
         progress.step(epoch, i, loss)
@@ -229,23 +223,21 @@ def _checkpoint(run: _Run, epoch: int, metrics: dict) -> None:
         dist.all_gather_object(rngs, ckpt.rng_state())
     else:
         rngs = [ckpt.rng_state()]
-    model_state, optimizer_state = run.runtime.checkpoint_state(run.model, run.optimizer)  # FSDP: collective
+    state = run.engine.state_dict(epoch + 1, run.spec.cell.checkpoints)  # every rank (FSDP: collective)
     if env.is_main:
         run.checkpoint_path = str(ckpt.save_checkpoint({
-            "model": model_state, "optimizer": optimizer_state,
-            "scheduler": run.scheduler.state_dict(), "epoch": epoch + 1, "rng": rngs,
-            "config": cfg.to_json(), "world_size": env.world_size, "record": run.record.state(),
+            **state, "epoch": epoch + 1, "rng": rngs, "config": cfg.to_json(),
+            "world_size": env.world_size, "record": run.record.state(),
         }, run.spec.cell.checkpoints, epoch + 1))
     run.distributed.on_epoch_end(env, epoch + 1, run.checkpoint_path if env.is_main else None, metrics)
 
 
-def _train(spec: CellSpec, env: DistEnv, distributed: TorchDistributed, launch_time: float) -> None:
-    cfg = spec.config
-    run = _prepare(spec, env, distributed)
+def _train(process: RankProcess, distributed: TorchDistributed) -> None:
+    env, cfg = process.env, process.spec.config
+    run = _prepare(process, distributed)
     record, steps_per_epoch = run.record, len(run.loader)
     start_epoch = record.epochs_done
     progress = _Progress(run, total_steps=steps_per_epoch * (cfg.training.epochs - start_epoch))
-    hook = epoch_end_hook()
 
     for epoch in range(start_epoch, cfg.training.epochs):
         run.loader.sampler.set_epoch(epoch)
@@ -266,27 +258,18 @@ def _train(spec: CellSpec, env: DistEnv, distributed: TorchDistributed, launch_t
                      m.samples_per_second)
         with record.phase("checkpoint"):
             _checkpoint(run, epoch, m.model_dump())
-        if hook is not None:
-            hook(epoch=epoch + 1, rank=env.rank, cell_dir=spec.cell_dir)
-    _finish(run, launch_time)
+        process.epoch_ended(epoch + 1)
+    _finish(run)
 
 
-def _finish(run: _Run, launch_time: float) -> None:
-    """Every rank: the device labels and the final model; rank 0: final test, export, result."""
-    spec, env, cfg = run.spec, run.env, run.spec.config
-    devices, placements = worker_devices(env)
-    step_link = step_link_bytes(env, run.step_tx_bytes, run.steps_trained)  # a collective: every rank
+def _finish(run: _Run) -> None:
+    """Every rank: the link bytes, the final model and the device labels (collectives);
+    rank 0: final test, export, result (``RankProcess.finish``)."""
+    spec, cfg = run.spec, run.spec.config
+    step_link = step_link_bytes(run.env, run.step_tx_bytes, run.steps_trained)
     model = run.runtime.final_model(  # FSDP: one unsharded copy on rank 0 (a collective)
         run.model, lambda: build_model(cfg.training.model_source, cfg.training.seed, spec.num_labels)[0])
-    if not env.is_main:
-        return
-    test, test_seconds = final_test(model, run.test_set, spec, env.device)
-    log.info("test: accuracy %.3f macro-F1 %.3f loss %.4f", test.accuracy, test.f1, test.loss)
-    model_path, export_seconds = timed_export(model, spec.cell)
-    write_worker_result(worker_result(
-        spec, env, run.record, launch_time=launch_time, model_source=run.model_source, test=test,
-        test_seconds=test_seconds, train_samples=run.train_samples, test_samples=len(run.test_set),
-        checkpoint_path=run.checkpoint_path, model_path=model_path, devices=devices,
-        placements=placements, export_seconds=export_seconds,
-        comm_bytes_per_step=run.runtime.comm_bytes_per_step, steps_per_epoch=len(run.loader),
-        link_bytes_per_train_step=step_link), spec)
+    run.process.finish(model, model_source=run.model_source, test_set=run.test_set,
+                       train_samples=run.train_samples, checkpoint_path=run.checkpoint_path,
+                       steps_per_epoch=len(run.loader), comm_bytes_per_step=run.runtime.comm_bytes_per_step,
+                       link_bytes_per_train_step=step_link)

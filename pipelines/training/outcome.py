@@ -1,6 +1,7 @@
 """A cell's outcome: every rank's device and placement, and rank 0's exported model and
-``worker_result.json``, the same fields under every backend (the shared loop and the
-Determined trial both write it through here; ``pipelines.training.loop`` re-exports these)."""
+``worker_result.json``, the same fields under every backend (every rank's
+``pipelines.training.process.RankProcess`` writes it through here, in the shared loop and the
+Determined trial alike)."""
 
 from __future__ import annotations
 

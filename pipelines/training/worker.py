@@ -5,29 +5,23 @@
 
 Reads ``<cell-dir>/cell.json`` (``pipelines.training.cell.CellSpec``, written by the backend adapter)
 and the RANK/LOCAL_RANK/WORLD_SIZE env that torchrun sets, runs the shared loop, and rank 0
-writes ``<cell-dir>/worker_result.json``. Pass paths, not data: every argument is a string,
+writes ``<cell-dir>/worker_result.json`` (``pipelines.training.process.RankProcess``: what every
+rank does under every launcher). Pass paths, not data: every argument is a string,
 so the same call works through Spark's cloudpickle as well.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
-import os
-
-
-def setup_logging() -> None:
-    """Rank 0 logs at INFO, the others only warnings (one readable log per cell)."""
-    level = logging.INFO if int(os.environ.get("RANK", "0")) == 0 else logging.WARNING
-    logging.basicConfig(level=level, format="%(asctime)s %(name)s rank%(process)d: %(message)s")
 
 
 def train_worker(cell_dir: str, launch_time: float) -> None:
     """Train one cell in this process (one rank). Called by torchrun and TorchDistributor."""
-    setup_logging()
     from pipelines.training.cell import CellSpec
     from pipelines.training.loop import run_training
+    from pipelines.training.process import setup_logging
 
+    setup_logging()
     run_training(CellSpec.read(cell_dir), float(launch_time))
 
 

@@ -202,7 +202,7 @@ def test_trigger_conf_with_good_values_is_accepted(scheduler_params):
     from pipelines.run.dag_plan import config_from_params
 
     config = config_from_params(resolved, {})  # the form's names parse in the config
-    assert [s.name for s in config.strategies] == conf["strategies"] and config.class_ratio == 0.2
+    assert [s.name for s in config.matrix.strategies] == conf["strategies"] and config.data.class_ratio == 0.2
     assert resolved["batch_size"] is None  # left empty: the profile's value
 
 
@@ -217,7 +217,7 @@ def test_params_become_config_overrides():
     assert overrides == {"tracking.output_root": "/srv/runs", "data.dataset_source": "/srv/imdb",
                          "worker_counts": [1], "batch_size": 8, "seed": 3}
     config = load_config("smoke", overrides)
-    assert config.epochs == PROFILES["smoke"]["epochs"] and config.batch_size == 8 and config.backends  # profile + params
+    assert config.training.epochs == PROFILES["smoke"]["epochs"] and config.training.batch_size == 8 and config.matrix.backends  # profile + params
     # where a run reads, writes and reports is the deployment's: a trigger cannot move it
     for hostile in ({"overrides": {"mlflow_tracking_uri": "http://evil.example"}},
                     {"overrides": {"output_root": "/"}}, {"dataset_source": "/etc"},

@@ -31,7 +31,7 @@ CELLS = [pytest.param(b, w, marks=pytest.mark.heavy) if w == 1 and b != "ddp" el
 def test_backend_returns_a_complete_result(trained, run_paths, bench_config, backend, workers):
     result = trained(backend, workers)
     assert result.status == "ok" and result.error is None
-    assert result.backend.value == backend and result.world_size == workers
+    assert result.backend == backend and result.world_size == workers
     assert [e.epoch for e in result.epochs] == [1, 2]
     assert all(0 < e.train_loss < 5 and 0 <= e.eval_accuracy <= 1 for e in result.epochs)
     assert result.test is not None and sum(map(sum, result.test.confusion_matrix)) == 128

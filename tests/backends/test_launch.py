@@ -12,7 +12,8 @@ import torch.distributed.run as torchrun
 
 from pipelines import platforms
 from pipelines.platforms import torchrun as launch
-from pipelines.run.cells import ddp, get_backend
+from pipelines.platforms.ddp import adapter as ddp
+from pipelines.run.cells import get_backend
 from pipelines.platforms.determined.adapter import experiment_config, validate_experiment_config
 from pipelines.platforms.spark.distributor import check_task_slots, distributor_settings
 
@@ -27,30 +28,44 @@ def test_single_node_is_standalone_and_parses_with_torchrun(make_config):
 
 
 def test_multi_node_flags_are_passed_through(make_config):
-    cfg = make_config(ddp_nnodes=3, ddp_node_rank=2, ddp_rdzv_endpoint="node0:29400")
-    args = torchrun.get_args_parser().parse_args(
-        launch.torchrun_args(cfg, 6, rdzv_id="ddp-w6-r0") + ["-m", "x"])
-    assert not args.standalone
-    # workers = total processes: 6 over 3 nodes -> 2 per node
+    cmd = launch.torchrun_command(nproc_per_node=2, nnodes=3, node_rank=2, rdzv_endpoint="node0:29400",
+                                  rdzv_id="ddp-w6-r0", max_restarts=1, module="x", cell_dir=Path("/r/c"),
+                                  launch_time=1.5, python="py")
+    args = torchrun.get_args_parser().parse_args(cmd[3:])
+    assert not args.standalone and args.max_restarts == 1 and args.training_script == "x"
     assert (args.nnodes, args.node_rank, args.nproc_per_node) == ("3", 2, "2")
     # static rendezvous: the node rank decides the ranks, so rank 0 is on node 0
     assert (args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id) == ("static", "node0:29400", "ddp-w6-r0")
 
 
-def test_workers_are_the_total_over_nodes(make_config):
-    two_nodes = make_config(ddp_nnodes=2, ddp_rdzv_endpoint="h:1")
-    assert launch.nproc_per_node(make_config(), 3) == 3
-    assert launch.nproc_per_node(two_nodes, 2) == 1 and launch.nproc_per_node(two_nodes, 4) == 2
+def test_the_ddp_adapter_passes_its_own_node_settings(make_config):
+    """The builder reads no platform's settings: DDP hands it engines.ddp's, Determined the same."""
+    from pipelines.platforms.determined import adapter as determined
+
+    cfg = make_config(ddp_nnodes=3, ddp_node_rank=2, ddp_rdzv_endpoint="node0:29400")
+    nodes = ddp.torchrun_nodes(cfg)
+    assert nodes == determined.torchrun_nodes(cfg) == {"nnodes": 3, "node_rank": 2, "rdzv_endpoint": "node0:29400"}
+    args = torchrun.get_args_parser().parse_args(
+        launch.worker_command(cfg, 6, Path("/r/cells/ddp-w6-r0"), 1.0, **nodes)[3:])
+    # workers = total processes: 6 over 3 nodes -> 2 per node; rendezvous id = the cell folder
+    assert (args.nnodes, args.node_rank, args.nproc_per_node, args.rdzv_id) == ("3", 2, "2", "ddp-w6-r0")
+    assert args.max_restarts == cfg.matrix.platform_retries
+    assert launch.worker_command(cfg, 6, Path("/r/c"), 1.0)[3:6] == ["--standalone", "--nnodes", "1"]
+
+
+def test_workers_are_the_total_over_nodes():
+    assert launch.nproc_per_node(3) == 3
+    assert launch.nproc_per_node(2, nnodes=2) == 1 and launch.nproc_per_node(4, nnodes=2) == 2
     for workers in (1, 3):
-        with pytest.raises(ValueError, match=f"workers={workers} cannot be split over ddp_nnodes=2"):
-            launch.torchrun_args(two_nodes, workers)
+        with pytest.raises(ValueError, match=f"workers={workers} cannot be split over nnodes=2"):
+            launch.nproc_per_node(workers, nnodes=2)
 
 
-def test_bad_multi_node_settings_are_refused(make_config):
-    with pytest.raises(ValueError, match="ddp_rdzv_endpoint"):
-        launch.torchrun_args(make_config(ddp_nnodes=2), 2)
-    with pytest.raises(ValueError, match="ddp_node_rank"):
-        launch.torchrun_args(make_config(ddp_nnodes=2, ddp_node_rank=2, ddp_rdzv_endpoint="h:1"), 2)
+def test_bad_multi_node_settings_are_refused():
+    with pytest.raises(ValueError, match="rdzv_endpoint"):
+        launch.torchrun_args(1, nnodes=2)
+    with pytest.raises(ValueError, match="node_rank"):
+        launch.torchrun_args(1, nnodes=2, node_rank=2, rdzv_endpoint="h:1")
 
 
 def test_secondary_node_refuses_a_bad_split_before_writing(make_config, tmp_path):
@@ -98,7 +113,7 @@ def test_determined_experiment_config_is_valid(make_config):
     validate_experiment_config(conf)
     assert conf["resources"]["slots_per_trial"] == 2
     assert conf["searcher"]["max_length"] == {"epochs": 3} and conf["records_per_epoch"] == 400
-    assert conf["hyperparameters"]["global_batch_size"] == 2 * make_config().batch_size
+    assert conf["hyperparameters"]["global_batch_size"] == 2 * make_config().training.batch_size
     assert "determined.launch.torch_distributed" in conf["entrypoint"]
     broken = {**conf, "searcher": {**conf["searcher"], "max_length": {"weeks": 1}}}
     with pytest.raises(ValueError, match="max_length"):

@@ -122,7 +122,7 @@ def test_profiles_with_a_cluster_include_the_feed_and_smoke_does_not():
     assert "spark_dataframe" not in load_config("smoke").backends  # local[*]
     for profile in ("nightly", "paper"):  # the embedded cluster
         config = load_config(profile)
-        assert config.spark_master == "embedded" and "spark_dataframe" in config.backends
+        assert config.engines.spark.master == "embedded" and "spark_dataframe" in config.matrix.backends
 
 
 def test_the_plan_pads_uneven_rows_like_distributed_sampler():

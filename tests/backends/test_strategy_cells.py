@@ -109,7 +109,7 @@ def imbalanced_run(tmp_path_factory, imdb_dir, bert_tiny_dir):
     for split in ("train", "validation", "test"):
         frame = pd.read_parquet(paths.snapshot_split(split))
         paths.token_split(split).mkdir(parents=True)
-        tokenize_frame(frame, str(bert_tiny_dir), config.max_seq_len).to_parquet(
+        tokenize_frame(frame, str(bert_tiny_dir), config.data.max_seq_len).to_parquet(
             paths.token_split(split) / "part-00000.parquet")
     return config, paths, manifest
 
@@ -123,7 +123,7 @@ def test_class_ratio_builds_an_imbalanced_train_sample(imbalanced_run):
 
     # the train balance bound follows the ratio; test keeps min_class_fraction
     assert class_share_bound(config, 2, "train") == pytest.approx(0.9 * 0.25 / 1.25)
-    assert class_share_bound(config, 2, "test") == config.min_class_fraction
+    assert class_share_bound(config, 2, "test") == config.data.min_class_fraction
     # the data contract (GX) passes the intended imbalance; without class_ratio it says how to allow it
     from pipelines.data.validate import DataValidationError, validate_snapshot
 

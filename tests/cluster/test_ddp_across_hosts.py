@@ -40,7 +40,7 @@ HOSTS = [SimpleNamespace(name=f"h{k}", address=f"10.213.0.{k + 1}") for k in ran
 
 def test_host_commands_are_static_nodes_with_the_rendezvous_on_host0(tmp_path, imdb_dir, bert_tiny_dir):
     cfg = _config(tmp_path, imdb_dir, bert_tiny_dir)
-    cmds = launch.host_torchrun_commands(cfg, 6, Path("/r/cells/ddp-w6-r0"), 12.5, HOSTS, 29411, python="py")
+    cmds = launch.host_torchrun_commands(6, Path("/r/cells/ddp-w6-r0"), 12.5, HOSTS, 29411, python="py")
     assert len(cmds) == 3
     for node, cmd in enumerate(cmds):
         assert cmd[:3] == ["py", "-m", "torch.distributed.run"]
@@ -54,7 +54,7 @@ def test_host_commands_are_static_nodes_with_the_rendezvous_on_host0(tmp_path, i
     assert launch.host_placements(6, HOSTS) == [
         {"rank": r, "host": f"h{r // 2}", "address": f"10.213.0.{r // 2 + 1}"} for r in range(6)]
     with pytest.raises(ValueError, match="workers=4 cannot be split evenly over 3 host"):
-        launch.host_torchrun_commands(cfg, 4, Path("/r/c"), 1.0, HOSTS, 29411)
+        launch.host_torchrun_commands(4, Path("/r/c"), 1.0, HOSTS, 29411)
     env = launch.host_env(cfg, {"PATH": "/bin"}, 2, gpus=0)
     assert env["GLOO_SOCKET_IFNAME"] == env["TP_SOCKET_IFNAME"] == "eth0"
     assert env["OMP_NUM_THREADS"] == str(cfg.training.threads_per_worker) and env["PATH"] == "/bin"

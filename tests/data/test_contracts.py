@@ -15,7 +15,7 @@ from pipelines.tracking.runs import baseline_eligible
 
 
 def _run(config) -> RunPaths:
-    return RunPaths(Path(config.output_root) / "run")
+    return RunPaths(Path(config.tracking.output_root) / "run")
 
 
 def test_duplicate_heavy_train_split_fails(make_config, write_source, real_rows):

@@ -14,7 +14,7 @@ from pipelines.runfolder.paths import RunPaths
 
 
 def _run(config, name: str = "run") -> RunPaths:
-    return RunPaths(Path(config.output_root) / name)
+    return RunPaths(Path(config.tracking.output_root) / name)
 
 
 def test_real_imdb_snapshot_is_stratified_shuffled_and_hashed(make_config, imdb_dir):
@@ -23,7 +23,7 @@ def test_real_imdb_snapshot_is_stratified_shuffled_and_hashed(make_config, imdb_
     manifest = ingest(config, paths)
 
     assert json.loads(paths.manifest.read_text()) == manifest
-    assert manifest["source_kind"] == "parquet" and manifest["seed"] == config.seed
+    assert manifest["source_kind"] == "parquet" and manifest["seed"] == config.training.seed
     source_train = set(pd.read_parquet(imdb_dir / "train.parquet")["text"])
     # validation: 10 % of the 200 sampled train rows, stratified and seeded; train keeps the rest
     for split, n in (("train", 180), ("validation", 20), ("test", 100)):

@@ -19,7 +19,7 @@ from pipelines.runfolder.paths import RunPaths
 
 
 def _run(config) -> RunPaths:
-    return RunPaths(Path(config.output_root) / "run")
+    return RunPaths(Path(config.tracking.output_root) / "run")
 
 
 def _case_and_spacing(text: str, n: int) -> str:
@@ -124,7 +124,7 @@ def test_test_rows_that_are_train_rows_with_a_few_words_changed_are_refused(
     source = str(write_source("again", test=test))
     for overrides in ({"max_near_overlap_fraction": 0.25}, {"near_duplicate_threshold": 0.99}):
         config = make_config(dataset_source=source, allow_small_data=True, **overrides)
-        paths = RunPaths(Path(config.output_root) / f"run-{next(iter(overrides))}")
+        paths = RunPaths(Path(config.tracking.output_root) / f"run-{next(iter(overrides))}")
         ingest(config, paths)
         assert validate_snapshot(config, paths)["success"]
 

@@ -60,7 +60,7 @@ def test_shards_hold_the_snapshot_tokenized_in_order(staged):
 
         ids, mask, labels = read_token_split(paths.token_split(split))
         snapshot = pd.read_parquet(paths.snapshot / f"{split}.parquet")
-        expected = tokenize_frame(snapshot, config.tokenizer_source, SEQ_LEN, config.truncation_side)
+        expected = tokenize_frame(snapshot, config.data.tokenizer_source, SEQ_LEN, config.data.truncation_side)
         np.testing.assert_array_equal(ids, np.stack(expected["input_ids"].to_numpy()))
         np.testing.assert_array_equal(mask, np.stack(expected["attention_mask"].to_numpy()))
         np.testing.assert_array_equal(labels, snapshot["label"].to_numpy())
@@ -74,7 +74,7 @@ def test_token_validation_passes_and_joins_the_data_docs(staged, tmp_path):
     config, _, _ = staged
     paths = _copy(staged, tmp_path)
     summary = validate_tokens(config, paths)
-    assert summary["success"] and summary["vocab_size"] == len(load_tokenizer(config.tokenizer_source))
+    assert summary["success"] and summary["vocab_size"] == len(load_tokenizer(config.data.tokenizer_source))
     assert json.loads((paths.validation / "tokens_train.json").read_text())["success"]
     index = (paths.data_docs / "index.html").read_text()
     assert "tokens_train" in index and "snapshot_train" in index  # one site for both stages

@@ -18,7 +18,7 @@ from pipelines.runfolder.paths import RunPaths
 
 
 def _run(config) -> RunPaths:
-    return RunPaths(Path(config.output_root) / "run")
+    return RunPaths(Path(config.tracking.output_root) / "run")
 
 
 def test_real_sample_passes_and_keeps_results_and_docs(make_config):

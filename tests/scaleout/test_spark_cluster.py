@@ -69,7 +69,7 @@ def test_spark_backend_trains_on_the_cluster_like_local_ddp(spark_cluster, scale
 
     url, work = spark_cluster
     result = run_cell(scaleout_config(spark_master=url), scaleout_paths, "spark", 2)
-    assert result.status == "ok" and result.world_size == 2 and result.backend.value == "spark"
+    assert result.status == "ok" and result.world_size == 2 and result.backend == "spark"
     assert result.platform_mode == "cluster"  # barrier tasks on the executors, not torchrun on the driver
     assert result.versions["launcher"] == "TorchDistributor"
     spark = get_spark(url)

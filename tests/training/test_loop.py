@@ -7,7 +7,7 @@ from torch.utils.data import TensorDataset
 
 from pipelines.training.cell import CellSpec
 from pipelines.runfolder.paths import RunPaths
-from pipelines.training import loop
+from pipelines.training import steps
 from pipelines.training.distributed import DistEnv
 
 
@@ -22,7 +22,7 @@ def _spec(config, tmp_path, world=2):
 
 def test_held_out_shards_cover_every_row_once():
     data = TensorDataset(torch.arange(11))
-    seen = [int(x) for r in range(3) for (b,) in loop.eval_loader(data, 4, _env(r, 3)) for x in b]
+    seen = [int(x) for r in range(3) for (b,) in steps.eval_loader(data, 4, _env(r, 3)) for x in b]
     assert sorted(seen) == list(range(11))
 
 
@@ -31,7 +31,7 @@ def test_train_sampler_is_seeded_disjoint_and_epoch_dependent(make_config, tmp_p
     data = TensorDataset(torch.arange(16))
 
     def order(rank, epoch):
-        loader = loop.train_loader(data, spec.config, _env(rank, 2))
+        loader = steps.train_loader(data, spec.config, _env(rank, 2))
         loader.sampler.set_epoch(epoch)
         return [int(x) for (b,) in loader for x in b]
 
@@ -43,7 +43,7 @@ def test_train_sampler_is_seeded_disjoint_and_epoch_dependent(make_config, tmp_p
 def test_optimizer_warms_up_linearly_then_decays(make_config, tmp_path):
     spec = _spec(make_config(learning_rate=1e-3, warmup_ratio=0.2, weight_decay=0.01), tmp_path)
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
-    optimizer, scheduler = loop.build_optimizer(model, spec.config, total_steps=10)
+    optimizer, scheduler = steps.build_optimizer(model, spec.config, total_steps=10)
     assert [g["weight_decay"] for g in optimizer.param_groups] == [0.01, 0.0]
     lrs = []
     for _ in range(10):

@@ -49,8 +49,9 @@ from pipelines.platforms.contract import TrainingBackend
 from pipelines.training.cell import CellSpec
 from pipelines.config import BenchmarkConfig
 from pipelines.runfolder.fileio import atomic_write_json
-from pipelines.platforms.torchrun import (execute, execute_on_hosts, free_port_on, host_env, host_nproc, host_placements,
-                              host_torchrun_commands, launch_env, nproc_per_node, worker_command)
+from pipelines.cluster.processes import free_port_on
+from pipelines.platforms.torchrun import (execute, execute_on_hosts, host_env, host_nproc, host_placements,
+                                          host_torchrun_commands, launch_env, nproc_per_node, worker_command)
 from pipelines.runfolder.paths import CellPaths, RunPaths
 from pipelines.runfolder.results import CellResult
 
@@ -58,6 +59,13 @@ log = logging.getLogger(__name__)
 # How long a node > 0 waits, after its own processes exit, for node 0's result.json: rank 0
 # still runs the final test evaluation then (seconds on the smoke profile, minutes on paper).
 SECONDARY_RESULT_WAIT_S = 1800.0
+
+
+def torchrun_nodes(config: BenchmarkConfig) -> dict:
+    """This node among the launch's nodes, from the platform's own settings (``engines.ddp``):
+    torchrun's ``nnodes``, ``node_rank`` and ``rdzv_endpoint`` (one node by default)."""
+    ddp = config.engine("ddp")
+    return {"nnodes": ddp.nnodes, "node_rank": ddp.node_rank, "rdzv_endpoint": ddp.rdzv_endpoint}
 
 
 def _file_version(path: Path) -> tuple[int, int] | None:
@@ -91,7 +99,7 @@ class DDPBackend(TrainingBackend):
         cell = cell or paths.cell(self.name, world_size, repeat, strategy)
         if hosts:
             return self._run_on_hosts(config, world_size, paths, cell, repeat, strategy, hosts)
-        nproc_per_node(config, world_size)  # refuse a bad split before anything is written
+        nproc_per_node(world_size, config.engine("ddp").nnodes)  # refuse a bad split before anything is written
         # every node: missing inputs and unsupported strategies fail before the rendezvous
         self.spec(config, world_size, paths, cell, repeat, strategy)
         if config.engine("ddp").node_rank == 0:
@@ -119,11 +127,12 @@ class DDPBackend(TrainingBackend):
         cell.root.mkdir(parents=True, exist_ok=True)
         before = _file_version(cell.result)  # node 0 cannot finish before this node joined
         launch_time = time.time()
-        log.info("ddp: node %d/%d of %s, %d process(es) here", node, config.engine("ddp").nnodes, cell.name,
-                 nproc_per_node(config, world_size))
+        nodes = torchrun_nodes(config)
+        per_node = nproc_per_node(world_size, nodes["nnodes"])
+        log.info("ddp: node %d/%d of %s, %d process(es) here", node, nodes["nnodes"], cell.name, per_node)
         # cell.json is node 0's: its workers and ours read it only after the rendezvous.
-        cmd = worker_command(config, world_size, cell.root, launch_time)
-        execute(cmd, launch_env(config, os.environ, nproc_per_node(config, world_size)), cell.node_log(node))
+        cmd = worker_command(config, world_size, cell.root, launch_time, **nodes)
+        execute(cmd, launch_env(config, os.environ, per_node), cell.node_log(node))
         result = wait_for_new_result(cell.result, before, SECONDARY_RESULT_WAIT_S)
         if result.status != "ok":
             raise RuntimeError(f"node 0 reported the cell failed: {result.error}")
@@ -131,8 +140,9 @@ class DDPBackend(TrainingBackend):
         return result
 
     def launch(self, spec: CellSpec, launch_time: float) -> None:
-        cmd = worker_command(spec.config, spec.world_size, spec.cell_dir, launch_time)
-        env = launch_env(spec.config, os.environ, nproc_per_node(spec.config, spec.world_size))
+        nodes = torchrun_nodes(spec.config)
+        cmd = worker_command(spec.config, spec.world_size, spec.cell_dir, launch_time, **nodes)
+        env = launch_env(spec.config, os.environ, nproc_per_node(spec.world_size, nodes["nnodes"]))
         execute(cmd, env, spec.cell.log)
 
     def launch_on_hosts(self, spec: CellSpec, launch_time: float, hosts: list) -> None:
@@ -140,7 +150,8 @@ class DDPBackend(TrainingBackend):
         ``placements.json`` (``run`` records what each host's interface moved meanwhile)."""
         per_host = host_nproc(spec.world_size, len(hosts))
         port = free_port_on(hosts[0])
-        cmds = host_torchrun_commands(spec.config, spec.world_size, spec.cell_dir, launch_time, hosts, port)
+        cmds = host_torchrun_commands(spec.world_size, spec.cell_dir, launch_time, hosts, port,
+                                      max_restarts=spec.config.matrix.platform_retries)
         env = host_env(spec.config, os.environ, per_host)
         logs = [spec.cell.log] + [spec.cell.node_log(k) for k in range(1, len(hosts))]
         self._hosts_by_cell()[spec.cell_dir] = len(hosts)

@@ -32,8 +32,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -41,8 +39,9 @@ from pipelines.platforms.contract import TrainingBackend
 from pipelines.training.cell import CellSpec
 from pipelines.config import BenchmarkConfig, TrainingStrategy
 from pipelines.runfolder.fileio import atomic_write_json
+from pipelines.cluster.processes import free_ports_on
 from pipelines.platforms.torchrun import (execute, execute_on_hosts, host_env, host_nproc, host_placements,
-                              host_torchrun_commands, launch_env, worker_command)
+                                          host_torchrun_commands, launch_env, worker_command)
 from pipelines.runfolder.paths import PROJECT_ROOT, CellPaths, RunPaths
 from pipelines.runfolder.results import CellResult
 
@@ -154,9 +153,10 @@ class DeterminedBackend(TrainingBackend):
         if config.engine("determined").master:
             raise ValueError("determined: hosts= runs the local Trainer on those hosts; with determined_master "
                              "the master schedules the slots on its own agents")
-        if config.engine("ddp").nnodes != 1:
+        nnodes = torchrun_nodes(config)["nnodes"]
+        if nnodes != 1:
             raise ValueError(f"determined: hosts= drives every node from this process; leave engines.ddp as one "
-                             f"node (got nnodes={config.engine('ddp').nnodes})")
+                             f"node (got nnodes={nnodes})")
         host_nproc(world_size, len(hosts))  # a bad split
         strategy = strategy or config.matrix.strategies[0].name
         cell = cell or paths.cell(self.name, world_size, repeat, strategy)
@@ -178,9 +178,10 @@ class DeterminedBackend(TrainingBackend):
 
     def launch(self, spec: CellSpec, launch_time: float) -> None:
         cfg = spec.config
-        if cfg.engine("ddp").nnodes > 1 and not cfg.engine("determined").master:
+        nodes = torchrun_nodes(cfg)
+        if nodes["nnodes"] > 1 and not cfg.engine("determined").master:
             # across machines, Determined's own master schedules the slots (or hosts=, launch_on_hosts)
-            raise ValueError(f"determined: ddp_nnodes={cfg.engine('ddp').nnodes} applies to the ddp backend; "
+            raise ValueError(f"determined: ddp_nnodes={nodes['nnodes']} applies to the ddp backend; "
                              "run Determined across machines through its master (determined_master) or "
                              "run_cell(..., hosts=...)")
         conf = self._prepare(spec, launch_time)
@@ -190,7 +191,7 @@ class DeterminedBackend(TrainingBackend):
         # Determined copies the working directory into every checkpoint: run in an empty one.
         workdir = spec.cell.determined_workdir
         workdir.mkdir(parents=True, exist_ok=True)
-        cmd = worker_command(cfg, spec.world_size, spec.cell_dir, launch_time, module=TRIAL_MODULE)
+        cmd = worker_command(cfg, spec.world_size, spec.cell_dir, launch_time, module=TRIAL_MODULE, **nodes)
         env = launch_env(cfg, os.environ, spec.world_size)
         env["USE_TORCH_DISTRIBUTED"] = "1"
         execute(cmd, env, spec.cell.log, cwd=workdir)
@@ -202,9 +203,9 @@ class DeterminedBackend(TrainingBackend):
         self._prepare(spec, launch_time)
         workdir = spec.cell.determined_workdir
         workdir.mkdir(parents=True, exist_ok=True)
-        rdzv_port, *zmq_ports = distinct_free_ports(hosts[0], 3)
-        cmds = host_torchrun_commands(spec.config, spec.world_size, spec.cell_dir, launch_time, hosts,
-                                      rdzv_port, module=TRIAL_MODULE)
+        rdzv_port, *zmq_ports = free_ports_on(hosts[0], 3)  # distinct: bound at once
+        cmds = host_torchrun_commands(spec.world_size, spec.cell_dir, launch_time, hosts, rdzv_port,
+                                      max_restarts=spec.config.matrix.platform_retries, module=TRIAL_MODULE)
         # env -C: the ranks run in the empty working directory (execute_on_hosts takes no cwd)
         cmds = [["env", "-C", str(workdir), *cmd] for cmd in cmds]
         env = host_env(spec.config, os.environ, per_host)
@@ -229,16 +230,9 @@ class DeterminedBackend(TrainingBackend):
         return {"platform_mode": "local" if nodes == 1 else f"local-{nodes}-nodes"}
 
 
-_FREE_PORTS = ("import socket, sys; socks = [socket.socket() for _ in range(int(sys.argv[2]))]; "
-               "[s.bind((sys.argv[1], 0)) for s in socks]; print(*(s.getsockname()[1] for s in socks))")
-
-
-def distinct_free_ports(host, count: int, python: str = sys.executable, timeout_s: float = 30.0) -> list[int]:
-    """``count`` different TCP ports free on ``host`` now: bound at once by one process there
-    (its own kernel picks them, inside its namespace), then released for the launch."""
-    proc = host.run([python, "-c", _FREE_PORTS, host.address, str(count)], stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
-    out, err = proc.communicate(timeout=timeout_s)
-    if proc.returncode != 0:
-        raise RuntimeError(f"could not find {count} free ports on {host.name}: {err.strip()}")
-    return [int(port) for port in out.split()]
+def torchrun_nodes(config: BenchmarkConfig) -> dict:
+    """The torchrun nodes of Determined's local mode: the DDP platform's multi-node settings
+    (``engines.ddp``: ``nnodes``, ``node_rank``, ``rdzv_endpoint``), which it shares; the one
+    place this adapter reads them."""
+    ddp = config.engine("ddp")
+    return {"nnodes": ddp.nnodes, "node_rank": ddp.node_rank, "rdzv_endpoint": ddp.rdzv_endpoint}

@@ -18,6 +18,21 @@ The experiment config is the adapter's (``<cell>/determined/experiment.json``, w
 ``<cell>/determined/determined/<uuid>`` (XDG_DATA_HOME) and it copies the working directory
 into each one, so the worker runs in an empty folder. Rank 0 writes
 ``<cell>/worker_result.json`` like every other backend.
+
+Why this is a second loop and not the shared one with Determined's engine hooks: a
+``PyTorchTrial`` inverts control. ``Trainer.fit`` iterates the batches and decides the epoch,
+validation and checkpoint boundaries; it calls ``train_batch`` per batch and ``evaluate_batch``
+per validation batch (reduced by its own reducers), steps the wrapped scheduler after each
+``train_batch`` and checkpoints the trial itself (``state_dict()`` of ``context.models``,
+``optimizers`` and ``lr_schedulers``, its own RNG and trial state, on its own schedule). The
+shared loop cannot run inside that, and running the shared loop instead would no longer
+benchmark Determined's Trainer (the Core API, ``det.core``, would: a different platform). What
+the hooks do allow is shared: each batch is the loop's step (``steps.train_step``) with
+``DeterminedEngine`` (``context.backward`` / ``context.step_optimizer``; Determined zeroes the
+gradients and steps the scheduler), and what every rank owes its adapter (pid file, heartbeat,
+record, epoch-end hook, final test, export, result) is ``RankProcess``
+(``pipelines.training.process``), as in the shared loop. The engine's checkpoint hooks are not
+used: Determined's Trainer checkpoints the trial (``EpochRecorder`` writes the resume marker).
 """
 
 from __future__ import annotations
@@ -32,17 +47,19 @@ import determined.pytorch  # noqa: F401  (`import determined` alone does not exp
 import torch
 from determined import pytorch as dtorch
 
-from pipelines.measure import attempts
-from pipelines.training.cell import CellSpec
 from pipelines.runfolder.fileio import atomic_write_json
 from pipelines.runfolder.paths import CellPaths
-from pipelines.training import loop
-from pipelines.measure.resources import write_rank_pid
+from pipelines.training import strategies
+from pipelines.training.cell import CellSpec
 from pipelines.training.distributed import DistEnv, pin_cpu_cores
-from pipelines.training.phases import CommTimer, time_ddp_communication
+from pipelines.training.engine import TorchEngine
+from pipelines.training.loop import epoch_end_hook
 from pipelines.training.model import build_model
+from pipelines.training.phases import CommTimer, time_ddp_communication
+from pipelines.training.process import RankProcess, setup_logging
 from pipelines.training.record import TrainingRecord
-from pipelines.training.worker import setup_logging
+from pipelines.training.steps import (build_optimizer, eval_loader, forward, load_split, train_class_counts,
+                                      train_loader, train_step)
 
 log = logging.getLogger("pipelines.training.determined")
 
@@ -80,10 +97,11 @@ class EpochRecorder(dtorch.PyTorchCallback):
     """
 
     def __init__(self, record: TrainingRecord, cell: CellPaths, is_main: bool,
-                 comm_timer: CommTimer | None = None, scheduler=None):
+                 comm_timer: CommTimer | None = None, scheduler=None, epoch_ended=None):
         self.record, self.cell, self.is_main = record, cell, is_main
         self.comm_timer = comm_timer or CommTimer()
         self.scheduler = scheduler  # for the epoch's learning rate
+        self.epoch_ended = epoch_ended  # RankProcess.epoch_ended: the epoch-end hook
         self.train_metrics: dict = {}
 
     def on_training_epoch_start(self, epoch_idx: int) -> None:
@@ -115,23 +133,49 @@ class EpochRecorder(dtorch.PyTorchCallback):
             self.record.end("checkpoint")
         if self.is_main:
             atomic_write_json(self.cell.determined_marker, {"uuid": uuid, "record": self.record.state()})
-        hook = loop.epoch_end_hook()
-        if hook is not None:
-            hook(epoch=self.record.epochs_done, rank=int(os.environ.get("RANK", 0)), cell_dir=self.cell.root)
+        if self.epoch_ended is not None:
+            self.epoch_ended(self.record.epochs_done)
+
+
+class DeterminedEngine(TorchEngine):
+    """The shared step's engine hooks as Determined's trial context runs them: ``context.backward``
+    and ``context.step_optimizer`` (which zeroes the gradients after the step); the Trainer steps
+    the wrapped scheduler after each ``train_batch`` and checkpoints model, optimizer and
+    scheduler itself, so those hooks are not Determined's to call."""
+
+    def __init__(self, context: dtorch.PyTorchTrialContext) -> None:
+        self.context = context
+
+    def zero_grad(self) -> None:
+        """Nothing: ``step_optimizer`` zeroes the gradients after each step."""
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.context.backward(loss)
+
+    def step(self) -> None:
+        self.context.step_optimizer(self.optimizer)
+
+    def scheduler_step(self) -> None:
+        """Nothing: the Trainer steps the wrapped scheduler (STEP_EVERY_BATCH) after ``train_batch``."""
+
+    def load_model_state(self, model, state: dict) -> None:
+        raise NotImplementedError("Determined's Trainer restores the trial from its own checkpoint")
+
+    load_state = state_dict = load_model_state
 
 
 class BenchmarkTrial(dtorch.PyTorchTrial):
-    def __init__(self, context: dtorch.PyTorchTrialContext) -> None:
+    def __init__(self, context: dtorch.PyTorchTrialContext, launch_time: float) -> None:
         self.context = context
         self.spec = CellSpec.read(context.get_hparams()["cell_dir"])
         cfg = self.spec.config
         dist_ctx = context.distributed
         cores = tuple(sorted(os.sched_getaffinity(0))) if context.device.type == "cpu" else ()
         self.env = DistEnv(dist_ctx.rank, dist_ctx.size, dist_ctx.local_rank, context.device, cores)
-        write_rank_pid(self.spec.cell_dir, self.env.rank)  # this process is a rank (pipelines.measure.resources)
-        self.train_set = loop.load_split(self.spec.paths, "train")
-        self.test_set = loop.load_split(self.spec.paths, "test")
-        self.validation_set = loop.load_split(self.spec.paths, "validation")
+        self.process = RankProcess(self.spec, self.env, launch_time, epoch_end=epoch_end_hook())  # its pid file
+        self.train_set = load_split(self.spec.paths, "train")
+        self.test_set = load_split(self.spec.paths, "test")
+        self.validation_set = load_split(self.spec.paths, "validation")
         model, self.model_source = build_model(cfg.training.model_source, cfg.training.seed, self.spec.num_labels)
         self.raw_model = model
         # Determined wraps the model in its DDP subclass (world > 1): time its all-reduce with
@@ -140,42 +184,41 @@ class BenchmarkTrial(dtorch.PyTorchTrial):
         self.model = time_ddp_communication(context.wrap_model(model), self.comm_timer)
         # imbalance strategies (the only ones Determined's Trainer can take: pipelines.platforms.determined.adapter)
         imbalance = cfg.strategy().imbalance
-        counts = loop.train_class_counts(self.spec) if imbalance != "none" else None
-        self.class_weights = loop.strategies.class_weights(counts) if imbalance == "weighted_loss" else None
-        self.loader = loop.train_loader(self.train_set, cfg, self.env, counts)
-        optimizer, scheduler = loop.build_optimizer(model, cfg, len(self.loader) * cfg.training.epochs)
+        counts = train_class_counts(self.spec) if imbalance != "none" else None
+        self.class_weights = strategies.class_weights(counts) if imbalance == "weighted_loss" else None
+        self.loader = train_loader(self.train_set, cfg, self.env, counts)
+        optimizer, scheduler = build_optimizer(model, cfg, len(self.loader) * cfg.training.epochs)
         self.optimizer = context.wrap_optimizer(optimizer)
         self.scheduler = context.wrap_lr_scheduler(
             scheduler, step_mode=dtorch.LRScheduler.StepMode.STEP_EVERY_BATCH)
+        self.engine = DeterminedEngine(context)
+        self.engine.attach(model, self.model, self.optimizer, self.scheduler, runtime=None)
         # Our loaders are plain torch ones with the shared loop's sampler (same batches).
         context.experimental.disable_dataset_reproducibility_checks()
         marker = read_marker(self.spec.cell)
-        self.record = TrainingRecord.from_state(
+        self.record = self.process.start_record(
             marker and marker["record"], len(self.loader.sampler) * self.env.world_size)
         self.recorder = EpochRecorder(self.record, self.spec.cell, self.env.is_main, self.comm_timer,
-                                      scheduler=scheduler)
+                                      scheduler=scheduler, epoch_ended=self.process.epoch_ended)
         torch.manual_seed(cfg.training.seed + self.env.rank)  # dropout stream, as in the shared loop
 
     def build_training_data_loader(self):
         return RepeatingLoader(self.loader, start_epoch=self.record.epochs_done, record=self.record)
 
     def build_validation_data_loader(self):
-        return loop.eval_loader(self.validation_set, self.spec.config.training.batch_size, self.env)
+        return eval_loader(self.validation_set, self.spec.config.training.batch_size, self.env)
 
     def build_callbacks(self) -> dict:
         return {"epoch_recorder": self.recorder}
 
     def train_batch(self, batch, epoch_idx: int, batch_idx: int) -> dict:
-        loss, logits, labels = loop.forward(self.model, batch, self.env.device, self.class_weights)
-        self.context.backward(loss)
-        self.context.step_optimizer(self.optimizer)
-        if self.env.is_main:  # a killed attempt's end, and where training is (pipelines.measure.faults waits for it)
-            steps = len(self.loader)
-            attempts.beat(self.spec.cell, epoch_idx + 1, batch_idx % steps + 1, steps)
+        loss, logits, labels = train_step(self.engine, self.model, batch, self.env.device, self.class_weights)
+        steps = len(self.loader)
+        self.process.beat(epoch_idx + 1, batch_idx % steps + 1, steps)  # rank 0: where training is
         return {"loss": loss, "accuracy": (logits.argmax(-1) == labels).float().mean()}
 
     def evaluate_batch(self, batch, batch_idx: int) -> dict:
-        loss, logits, labels = loop.forward(self.model, batch, self.env.device)
+        loss, logits, labels = forward(self.model, batch, self.env.device)
         return {"loss_sum": loss * len(labels), "correct": (logits.argmax(-1) == labels).sum(),
                 "count": torch.tensor(len(labels))}
 
@@ -216,23 +259,17 @@ def main(cell_dir: str, launch_time: float) -> None:
     exp_conf = json.loads(spec.cell.determined_experiment.read_text())
     with dtorch.init(hparams=exp_conf["hyperparameters"], exp_conf=exp_conf,
                      distributed=distributed, enable_tensorboard_logging=False) as context:
-        trial = BenchmarkTrial(context)
+        trial = BenchmarkTrial(context, launch_time)
         trainer = dtorch.Trainer(trial, context)
         trainer.fit(max_length=dtorch.Epoch(cfg.training.epochs), checkpoint_period=dtorch.Epoch(1),
                     validation_period=dtorch.Epoch(1), reporting_period=dtorch.Batch(sys.maxsize),
                     checkpoint_policy="none", latest_checkpoint=marker["uuid"] if marker else None)
-        devices, placements = loop.worker_devices(trial.env)  # every rank: its device and host
-        if trial.env.is_main:
-            test, test_seconds = loop.final_test(trial.raw_model, trial.test_set, spec, trial.env.device)
-            last = read_marker(spec.cell)
-            ckpt_path = spec.cell.determined / "determined" / last["uuid"] if last else None
-            model_path, export_seconds = loop.timed_export(trial.raw_model, spec.cell)
-            loop.write_worker_result(loop.worker_result(
-                spec, trial.env, trial.record, launch_time=launch_time, model_source=trial.model_source,
-                test=test, test_seconds=test_seconds, train_samples=len(trial.train_set),
-                test_samples=len(trial.test_set), checkpoint_path=str(ckpt_path) if ckpt_path else None,
-                model_path=model_path, export_seconds=export_seconds, devices=devices, placements=placements,
-                steps_per_epoch=len(trial.loader)), spec)  # one optimizer step per batch
+        last = read_marker(spec.cell) if trial.env.is_main else None  # rank 0 wrote it
+        ckpt_path = spec.cell.determined / "determined" / last["uuid"] if last else None
+        trial.process.finish(  # every rank: its device and host; rank 0: test, export, result
+            trial.raw_model, model_source=trial.model_source, test_set=trial.test_set,
+            train_samples=len(trial.train_set), checkpoint_path=str(ckpt_path) if ckpt_path else None,
+            steps_per_epoch=len(trial.loader))  # one optimizer step per batch
     if created_group and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
 

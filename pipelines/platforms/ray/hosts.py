@@ -33,14 +33,12 @@ Each rank reports its own host (``pipelines.training.distributed.placement``): t
 from __future__ import annotations
 
 import argparse
-import collections
 import logging
 import os
 import secrets
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -50,7 +48,9 @@ from pipelines.measure import signals
 from pipelines.platforms.ray import trainer
 from pipelines.platforms.ray.worker import DRIVER_LOG_ENV
 from pipelines.training.cell import CellSpec
-from pipelines.platforms.torchrun import HOST_IFNAME, TAIL_LINES, free_port_on, host_nproc
+from pipelines.cluster.processes import Tee, free_port_on, stop_tree
+from pipelines.platforms.torchrun import HOST_IFNAME, host_nproc
+from pipelines.runfolder.paths import PROJECT_ROOT
 
 log = logging.getLogger(__name__)
 DAEMON_DIR = "ray-hosts"  # in the cell folder: each node's `ray start` output, Ray's logs of a failed launch
@@ -127,42 +127,15 @@ def workers_runtime_env(base: Mapping[str, str] | None = None, ifname: str = HOS
     return {"env_vars": env}
 
 
-class Output:
-    """A process's output teed to a log file and to this process's stdout (``[label]`` prefix),
-    its last lines kept; ``ready`` is set once a line contains ``marker``."""
-
-    def __init__(self, proc: subprocess.Popen, log_path: Path, label: str, marker: str | None = None):
-        self.proc, self.label, self.marker = proc, label, marker
-        self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-        self.ready = threading.Event()
-        self.thread = threading.Thread(target=self._tee, args=(log_path,), daemon=True)
-        self.thread.start()
-
-    def _tee(self, log_path: Path) -> None:
-        with open(log_path, "a") as log_file:
-            for line in self.proc.stdout:  # type: ignore[union-attr]
-                log_file.write(line)
-                log_file.flush()
-                self.tail.append(line)
-                sys.stdout.write(f"[{self.label}] {line}")
-                if self.marker and self.marker in line:
-                    self.ready.set()
-
-    def text(self) -> str:
-        return "".join(self.tail)
-
-
-def project_root() -> str:
-    return trainer.project_root()
-
-
 def _start(host: Any, argv: list[str], env: dict[str, str], log_path: Path, label: str,
-           marker: str | None = None) -> Output:
+           marker: str | None = None) -> Tee:
+    """``argv`` on ``host``, its output teed to ``log_path`` and stdout (``[label]``); ``ready``
+    once a line contains ``marker``."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log.info("ray: starting on %s (%s): %s", host.name, host.address, " ".join(argv))
     proc = host.run(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    text=True, cwd=project_root())
-    return Output(proc, log_path, label, marker)
+                    text=True, cwd=str(PROJECT_ROOT))
+    return Tee(proc, log_path, prefix=label, marker=marker).start()
 
 
 class RayOnHosts:
@@ -175,8 +148,8 @@ class RayOnHosts:
         self.folder = spec.cell_dir / DAEMON_DIR
         self.token = token_path()
         self.env = {**process_env(), "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": self.token}
-        self.nodes: list[Output] = []
-        self.driver: Output | None = None
+        self.nodes: list[Tee] = []
+        self.driver: Tee | None = None
 
     def start(self, timeout_s: float = NODE_START_S) -> str:
         """Start the head, wait until it runs, start the other nodes (the driver waits for those);
@@ -225,8 +198,8 @@ class RayOnHosts:
         temp dirs. Returns, per host, the pids that outlived the nodes' own shutdown."""
         start = time.perf_counter()
         if self.driver is not None and self.driver.proc.poll() is None:
-            _terminate([self.driver.proc], DRIVER_STOP_S)
-        _terminate([n.proc for n in self.nodes], NODE_STOP_S)  # each stops its own node
+            stop_tree([self.driver.proc], DRIVER_STOP_S, tree=False)
+        stop_tree([n.proc for n in self.nodes], NODE_STOP_S, tree=False)  # each stops its own node
         left = {h.name: h.stop_processes(STOP_GRACE_S) for h in self.hosts
                 if hasattr(h, "stop_processes")}  # what outlived its node's shutdown
         for out in [*self.nodes, *([self.driver] if self.driver else [])]:
@@ -239,20 +212,6 @@ class RayOnHosts:
         log.info("ray: nodes on %d host(s) stopped in %.1fs%s", len(self.hosts), time.perf_counter() - start,
                  f"; killed what outlived them: {left}" if any(left.values()) else "")
         return left
-
-
-def _terminate(procs: Sequence[subprocess.Popen], grace_s: float) -> None:
-    """SIGTERM the live ones, wait up to ``grace_s`` for all, SIGKILL the rest (and reap them)."""
-    live = [p for p in procs if p.poll() is None]
-    for proc in live:
-        proc.terminate()
-    deadline = time.monotonic() + grace_s
-    for proc in live:
-        try:
-            proc.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
 
 
 def _copy_logs(temp_dir: Path, target: Path) -> None:

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 
-import pipelines
 from pipelines.measure import signals
+from pipelines.runfolder.paths import PROJECT_ROOT
 from pipelines.training.cell import CellSpec
 
 log = logging.getLogger(__name__)
@@ -19,16 +18,11 @@ log = logging.getLogger(__name__)
 FORWARDED_ENV_PREFIXES = ("PIPELINES_", "HF_", "TRANSFORMERS_", "TOKENIZERS_")
 
 
-def project_root() -> str:
-    """The folder holding the ``pipelines`` package this driver imported (a worktree's, too)."""
-    return str(Path(pipelines.__file__).resolve().parent.parent)
-
-
 def worker_env_vars(environ: dict[str, str] | None = None) -> dict[str, str]:
     """Environment of the Ray Train workers: this project first on PYTHONPATH, plus the
     forwarded settings (pure: testable without Ray)."""
     environ = dict(os.environ if environ is None else environ)
-    path = [project_root(), *(p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    path = [str(PROJECT_ROOT), *(p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
     out = {k: v for k, v in environ.items() if k.startswith(FORWARDED_ENV_PREFIXES)}
     out["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(path))
     out.setdefault("TOKENIZERS_PARALLELISM", "false")

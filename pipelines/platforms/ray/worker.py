@@ -131,7 +131,7 @@ def setup_logging(cell_dir: Path) -> None:
     """The project's worker logging, also appended to ``<cell>/train.log`` (Ray prints the
     workers' output in the driver's, prefixed with the actor), unless the driver's output is
     that log already (across hosts: ``pipelines.platforms.ray.hosts`` sets ``DRIVER_LOG_ENV``)."""
-    from pipelines.training.worker import setup_logging as worker_logging
+    from pipelines.training.process import setup_logging as worker_logging
 
     worker_logging()
     if os.environ.get(DRIVER_LOG_ENV):

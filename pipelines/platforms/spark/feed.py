@@ -94,7 +94,7 @@ class SparkPartitionFeed(TorchDistributed):
 def train_worker(cell_dir: str, launch_time: float, rows_per_rank: int, feed: type | None = None) -> None:
     """One rank of the dataframe feed (a barrier task of ``TorchDistributor._train_on_dataframe``)."""
     from pipelines.training.loop import run_training
-    from pipelines.training.worker import setup_logging
+    from pipelines.training.process import setup_logging
 
     setup_logging()
     spec = CellSpec.read(cell_dir)

@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.training.cell import CellSpec
-from pipelines.platforms.torchrun import HOST_IFNAME, execute_on_hosts, free_port_on, host_nproc
+from pipelines.cluster.processes import free_port_on
+from pipelines.platforms.torchrun import HOST_IFNAME, execute_on_hosts, host_nproc
 from pipelines.runfolder.paths import PROJECT_ROOT
 
 log = logging.getLogger(__name__)
