@@ -3,8 +3,8 @@
 # (browser e2e tests), OpenSSH, client and server (pipelines.cluster.ssh: hosts reached over
 # ssh; its test runs sshd inside emulated hosts; Debian's policy-rc.d / no init keeps the
 # package's own sshd service from starting) and Node.js (tests/test_webview.py runs the page's
-# JavaScript link relay under node; any node >= 18, Debian's is 18).  `bash scripts/system_deps.sh --smoke`: only what
-# the smoke run needs.
+# JavaScript link relay under node; Debian's 18 will do). `bash scripts/system_deps.sh --smoke`:
+# only what the smoke run needs.
 set -euo pipefail
 missing=()
 command -v java >/dev/null || missing+=(openjdk-17-jre-headless)

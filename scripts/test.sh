@@ -19,14 +19,14 @@ bash scripts/compose_plugin.sh  # tests/test_compose.py: `docker compose config`
 source scripts/airflow_env.sh
 # Lint: undefined names, unused imports, syntax errors, Airflow 3 migration rules (AIR3).
 "$ROOT/.venv/bin/ruff" check --select F,E9,AIR3 pipelines dags plugins tests bench
-# One -m for pytest (it keeps only the last): "not heavy" and the caller's own -m EXPR, combined as
-# -m "not heavy and (EXPR)"; with BENCHMARK_HEAVY_TESTS=1 the caller's -m alone.
+# pytest keeps only the last -m, so the caller's -m EXPR (the last, as pytest would) is combined with
+# this script's own: -m "not heavy and (EXPR)"; with BENCHMARK_HEAVY_TESTS=1, -m EXPR alone.
 marker=""; args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     -m) [ $# -ge 2 ] || { echo "scripts/test.sh: -m needs an expression" >&2; exit 4; }
-        marker="${marker:+($marker) and }($2)"; shift 2 ;;
-    -m*) marker="${marker:+($marker) and }(${1#-m})"; shift ;;
+        marker="($2)"; shift 2 ;;
+    -m?*) marker="(${1#-m})"; shift ;;
     *) args+=("$1"); shift ;;
   esac
 done
