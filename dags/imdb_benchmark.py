@@ -43,19 +43,19 @@ def prepare_run() -> str:
 
 
 @setup
-def start_spark_cluster(run_dir: str) -> str | None:
-    """spark_master=embedded: start the run's standalone cluster; returns its URL."""
+def start_services(run_dir: str) -> dict:
+    """The services the run's platforms need (e.g. the embedded Spark cluster); name -> address."""
     from pipelines.run import stages
 
-    return stages.start_spark_cluster(run_dir)
+    return stages.start_services(run_dir)
 
 
 @teardown
-def stop_spark_cluster(run_dir: str) -> list[int]:
-    """Stop the run's embedded cluster (if any), whatever the tasks before it did."""
+def stop_services(run_dir: str) -> list[int]:
+    """Stop the run's services (if any), whatever the tasks before it did."""
     from pipelines.run import stages
 
-    return stages.stop_spark_cluster(run_dir)
+    return stages.stop_services(run_dir)
 
 
 @setup
@@ -124,16 +124,16 @@ def run_step(run_dir: str, step: str) -> dict:
 )
 def imdb_benchmark():
     run_dir = prepare_run()
-    spark_up, hosts_up = start_spark_cluster(run_dir), start_cluster(run_dir)
+    services_up, hosts_up = start_services(run_dir), start_cluster(run_dir)
     data_steps = [run_step.override(task_id=step)(run_dir, step) for step in DATA_STEPS]
-    chain([spark_up, hosts_up], *data_steps)
+    chain([services_up, hosts_up], *data_steps)
     with TaskGroup("train", tooltip="per worker count: plan_wN lists the cells, wN trains them "
                                     "(mapped, N pool slots each)") as train_group:
         for n in range(1, dag_plan.MAX_WORKERS + 1):
             cells = plan.override(task_id=f"plan_w{n}")(run_dir, n)
             data_steps[-1] >> cells
             train.override(task_id=f"w{n}", pool_slots=n).partial(run_dir=run_dir).expand_kwargs(cells)
-    train_group >> stop_spark_cluster(run_dir).as_teardown(setups=spark_up)
+    train_group >> stop_services(run_dir).as_teardown(setups=services_up)
     train_group >> stop_cluster(run_dir).as_teardown(setups=hosts_up)
     # evaluate runs once every cell is done, failed ones included, so the report shows them; each later
     # step only after the one before succeeded (all_success; the CLI's policy too). evaluate (no result

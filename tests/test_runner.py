@@ -105,28 +105,28 @@ def test_data_steps_run_in_the_dags_order_and_stop_at_the_first_failure(monkeypa
 
 def test_the_cli_starts_and_stops_its_clusters_with_the_dags_functions(monkeypatch, tmp_path):
     """stages.run_clusters (the CLI) calls the functions of the DAG's setup/teardown tasks: started
-    tied to the CLI, stopped in reverse order whatever happened; someone else's Spark cluster is kept."""
-    from pipelines.engines import spark_cluster
+    tied to the CLI, stopped in reverse order whatever happened; services it did not start
+    (someone else's embedded Spark cluster) are kept."""
     from pipelines.run import stages
 
-    calls = []
-    for name in ("start_spark_cluster", "start_cluster"):
-        monkeypatch.setattr(stages, name, lambda run_dir, tied_to_caller=False, name=name:
-                            calls.append((name, tied_to_caller)))
-    for name in ("stop_spark_cluster", "stop_cluster"):
+    calls, started = [], {"embedded Spark cluster": "spark://127.0.0.1:7077"}
+    monkeypatch.setattr(stages, "start_services", lambda run_dir, tied_to_caller=False:
+                        calls.append(("start_services", tied_to_caller)) or started)
+    monkeypatch.setattr(stages, "start_cluster", lambda run_dir, tied_to_caller=False:
+                        calls.append(("start_cluster", tied_to_caller)))
+    for name in ("stop_services", "stop_cluster"):
         monkeypatch.setattr(stages, name, lambda run_dir, name=name: calls.append((name,)))
-    monkeypatch.setattr(spark_cluster, "is_running", lambda paths: False)
     with pytest.raises(RuntimeError, match="a cell broke"), stages.run_clusters(str(tmp_path)):
         calls.append(("block",))
         raise RuntimeError("a cell broke")
-    assert calls == [("start_spark_cluster", True), ("start_cluster", True), ("block",), ("stop_cluster",),
-                     ("stop_spark_cluster",)]
+    assert calls == [("start_services", True), ("start_cluster", True), ("block",), ("stop_cluster",),
+                     ("stop_services",)]
 
     calls.clear()
-    monkeypatch.setattr(spark_cluster, "is_running", lambda paths: True)  # started by someone else
+    started = {}  # running already (started by someone else): nothing of ours to stop
     with stages.run_clusters(str(tmp_path)):
         pass
-    assert calls == [("start_cluster", True), ("stop_cluster",)]
+    assert calls == [("start_services", True), ("start_cluster", True), ("stop_cluster",)]
 
 
 def test_a_local_run_has_no_cluster_to_start_or_stop(make_config, tmp_path):
@@ -139,7 +139,7 @@ def test_a_local_run_has_no_cluster_to_start_or_stop(make_config, tmp_path):
     save_config(config, paths.config)
     run_dir = str(paths.root)
     assert config.engine("spark").master != "embedded" and config.cluster.kind == "local"
-    assert stages.start_spark_cluster(run_dir) is None and stages.start_cluster(run_dir) is None
-    assert stages.stop_spark_cluster(run_dir) == [] and stages.stop_cluster(run_dir) == []
+    assert stages.start_services(run_dir) == {} and stages.start_cluster(run_dir) is None
+    assert stages.stop_services(run_dir) == [] and stages.stop_cluster(run_dir) == []
     with stages.run_clusters(run_dir):
         assert not paths.spark_cluster_info.exists()

@@ -11,8 +11,8 @@ a teardown task), so what is needed to stop it lives in the run folder:
 ``<run>/spark-cluster/cluster.json`` (0600 in a 0700 folder: master URL, process ids, owner,
 the cluster's secret) beside the master/worker logs.
 
-    start(paths); ...; stop(paths)          # through pipelines.run.stages.start_spark_cluster /
-                                            # stop_spark_cluster: the DAG's setup / teardown tasks,
+    start(paths); ...; stop(paths)          # through pipelines.run.services (EMBEDDED_SERVICE):
+                                            # the DAG's start_services / stop_services tasks,
                                             # and the CLI's `run` (stages.run_clusters, tied to it)
     with embedded_cluster(paths, config):   # the same for a block, from a config in hand (tests)
         ...
@@ -177,7 +177,7 @@ def _read(paths: RunPaths) -> dict:
     except FileNotFoundError:
         raise ClusterNotRunning(
             f"spark_master=embedded, but {paths.spark_cluster_info} is missing: the run's Spark cluster "
-            "was not started (the CLI's `run` and the DAG's start_spark_cluster task start it)") from None
+            "was not started (the CLI's `run` and the DAG's start_services task start it)") from None
 
 
 def master_url_of(paths: RunPaths) -> str:
@@ -330,3 +330,25 @@ def sweep() -> list[int]:
     if dead:
         _terminate(dead)
     return dead
+
+
+class EmbeddedService:
+    """The embedded cluster as a run-level service (``pipelines.run.services``): declared by the
+    Spark platforms, wanted when ``engines.spark.master`` is "embedded" (the data stage uses it too)."""
+
+    name = "embedded Spark cluster"
+
+    def wanted(self, config: BenchmarkConfig) -> bool:
+        return config.engine("spark").master == EMBEDDED
+
+    def running(self, paths: RunPaths) -> bool:
+        return is_running(paths)
+
+    def start(self, paths: RunPaths, tied_to_caller: bool = False) -> str:
+        return start(paths, tied_to_caller=tied_to_caller)
+
+    def stop(self, paths: RunPaths) -> list[int]:
+        return stop(paths)
+
+
+EMBEDDED_SERVICE = EmbeddedService()

@@ -68,6 +68,9 @@ class Platform:
     # the run starts before its first cell of this platform and stops after the last
     services: tuple[str, ...] = ()
     study_note: str = ""  # what the report's study section says of it where it finished
+    # the setting that holds this machine's node rank, for a platform whose cell is started on
+    # every node (``train --node-rank``): node 0 tracks the cell, the others only lend processes
+    node_rank_setting: str | None = None
     package: str = ""  # the module that declared it (set by register): workers import it by name
 
     def __post_init__(self) -> None:

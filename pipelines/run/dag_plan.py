@@ -42,9 +42,9 @@ cell, or the cluster at `BENCHMARK_RAY_ADDRESS`) at several worker counts, then 
 accuracy, scaling and platform overhead, and logs everything to MLflow.
 
 ```
-prepare_run -> start_spark_cluster, start_cluster (setup) -> ingest -> validate_snapshot
+prepare_run -> start_services, start_cluster (setup) -> ingest -> validate_snapshot
   -> preprocess -> validate_tokens -> train.plan_wN -> train.wN   for N = 1..4 (mapped: one
-  instance per backend x strategy x network x repeat) -> stop_spark_cluster, stop_cluster
+  instance per backend x strategy x network x repeat) -> stop_services, stop_cluster
   (teardown: run whatever happened before)
   -> evaluate (runs when every cell is done, failed ones included) -> report -> track
   -> check_regression

@@ -2,7 +2,7 @@
 
 The Airflow DAG runs one task per function and passes only the run folder (a path) between
 them; ``python -m pipelines run`` calls the same functions in order: ``prepare_run`` (config +
-preflight + run folder), the run's clusters (``start_spark_cluster``/``start_cluster``, the DAG's
+preflight + run folder), the run's clusters (``start_services``/``start_cluster``, the DAG's
 setup tasks; ``run_clusters`` for the CLI), the data steps in ``pipelines.run.runner.DATA_STEPS``
 order, ``train_cell`` for every planned cell (one retry policy), the clusters' stop functions (the
 DAG's teardown tasks), then ``pipelines.run.runner.FINISH_STEPS``. Every step reads the
@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from pipelines import platforms
 from pipelines.config import BenchmarkConfig, load_config, read_config, save_config
 from pipelines.runfolder.paths import DEFAULT_STRATEGY, CellPaths, RunPaths, cell_name, safe_run_id
 
@@ -93,23 +94,21 @@ def validate_tokens(run_dir: str) -> dict:
 
 # --- the run's clusters: the DAG's setup/teardown tasks call these, the CLI through run_clusters ---
 
-def start_spark_cluster(run_dir: str, tied_to_caller: bool = False) -> str | None:
-    """spark_master=embedded: start the run's standalone cluster (idempotent); its URL, else None.
-    ``tied_to_caller``: it ends with this process (the CLI); else it outlives it until stopped."""
-    from pipelines.engines import spark_cluster
+def start_services(run_dir: str, tied_to_caller: bool = False) -> dict[str, str | None]:
+    """Start the services the run's platforms need (``pipelines.run.services``: e.g. the embedded
+    Spark cluster; idempotent); name -> address. ``tied_to_caller``: they end with this process
+    (the CLI); else they outlive it until stopped."""
+    from pipelines.run import services
 
     config, paths = _load(run_dir)
-    if config.engine("spark").master != spark_cluster.EMBEDDED:
-        log.info("spark_master is not 'embedded': no cluster to start")
-        return None
-    return spark_cluster.start(paths, tied_to_caller=tied_to_caller)
+    return services.start(config, paths, tied_to_caller=tied_to_caller)
 
 
-def stop_spark_cluster(run_dir: str) -> list[int]:
-    """Stop the run's embedded Spark cluster, if any; the pids stopped."""
-    from pipelines.engines import spark_cluster
+def stop_services(run_dir: str) -> list[int]:
+    """Stop the run's services, if any are running; the pids stopped."""
+    from pipelines.run import services
 
-    return spark_cluster.stop(RunPaths(Path(run_dir)))
+    return services.stop(RunPaths(Path(run_dir)))
 
 
 def start_cluster(run_dir: str, tied_to_caller: bool = False) -> dict | None:
@@ -134,15 +133,13 @@ def run_clusters(run_dir: str) -> Iterator[None]:
     process: a SIGKILLed CLI leaves nothing behind) and stopped with its teardown functions,
     whatever happened, SIGTERM included. An embedded Spark cluster that already ran (someone
     else's) is used and left alone."""
-    from pipelines.engines import spark_cluster
     from pipelines.measure.signals import raise_on_sigterm
 
     stops = []
     with raise_on_sigterm():  # a SIGTERM'd run still stops its clusters
         try:
-            if not spark_cluster.is_running(RunPaths(Path(run_dir))):
-                stops.append(stop_spark_cluster)
-                start_spark_cluster(run_dir, tied_to_caller=True)
+            if start_services(run_dir, tied_to_caller=True):  # ours to stop (none: nothing, or another's)
+                stops.append(stop_services)
             stops.append(stop_cluster)
             start_cluster(run_dir, tied_to_caller=True)
             yield
@@ -185,7 +182,8 @@ def train_cell(run_dir: str, backend: str, workers: int, repeat: int = 0,
 
     A cell that already finished is skipped (its result stands); ``force`` deletes the cell
     folder and trains it from scratch. An unfinished cell resumes from its last checkpoint
-    (``run --run-dir``). ``node_rank`` (multi-node ddp): this machine's rank; every node runs
+    (``run --run-dir``). ``node_rank``: this machine's rank for a platform started on every node
+    (its ``node_rank_setting``: multi-node ddp); every node runs
     the same cell.
     """
     config, paths = _load(run_dir)
@@ -200,7 +198,10 @@ def train_cell(run_dir: str, backend: str, workers: int, repeat: int = 0,
         log.info("%s already finished (%s): skipped; --force trains it again", cell.name, cell.result)
         return {"cell": cell.name, "status": done.status, "total_seconds": done.total_seconds, "skipped": True}
     if node_rank is not None:
-        config = config.model_copy(update={"engines.ddp.node_rank": node_rank})
+        setting = platforms.get(backend).node_rank_setting
+        if setting is None:
+            raise ValueError(f"--node-rank: {backend} is not started on every node (no node rank setting)")
+        config = config.model_copy(update={setting: node_rank})
     retries = config.matrix.cell_retries
     for tries in range(retries + 1):
         try:
@@ -216,6 +217,15 @@ def train_cell(run_dir: str, backend: str, workers: int, repeat: int = 0,
             "skipped": False, "tries": tries + 1}
 
 
+def _node_rank(config: BenchmarkConfig, backend: str) -> int:
+    """This machine's node rank for a platform started on every node (0: not such a platform)."""
+    setting = platforms.get(backend).node_rank_setting
+    if setting is None:
+        return 0
+    section, platform, field = setting.split(".")  # engines.<platform>.<field>
+    return getattr(config.engine(platform), field)
+
+
 def _train_once(config: BenchmarkConfig, paths: RunPaths, backend: str, workers: int, repeat: int,
                 strategy: str, network: str):
     from pipelines.run.cells import run_cell
@@ -226,7 +236,7 @@ def _train_once(config: BenchmarkConfig, paths: RunPaths, backend: str, workers:
     hosts = hosts_for_cell(paths, config, workers, network)
     where = {"hosts": hosts, "network": network, "cluster": config.cluster.kind}
     with terminate_tree_on_signal():  # SIGTERM/SIGINT: no orphan keeps training, the cell fails
-        if config.engine("ddp").node_rank > 0:  # node 0 tracks the cell; other nodes only lend processes
+        if _node_rank(config, backend) > 0:  # node 0 tracks the cell; other nodes only lend processes
             return run_cell(config, paths, backend, workers, repeat, strategy, **where)
         with cell_tracking(config, paths, backend, workers, repeat, strategy, network):
             return run_cell(config, paths, backend, workers, repeat, strategy, **where)

@@ -87,22 +87,22 @@ def test_dag_file_parses_fast_without_heavy_imports():
 
 def test_task_graph(dag):
     assert set(dag.task_dict) == {
-        "prepare_run", "start_spark_cluster", "start_cluster", "ingest", "validate_snapshot", "preprocess",
-        "validate_tokens", *PLAN_IDS, *TRAIN_IDS, "stop_spark_cluster", "stop_cluster", "evaluate", "report",
+        "prepare_run", "start_services", "start_cluster", "ingest", "validate_snapshot", "preprocess",
+        "validate_tokens", *PLAN_IDS, *TRAIN_IDS, "stop_services", "stop_cluster", "evaluate", "report",
         "track", "check_regression",
     }
     up = {tid: t.upstream_task_ids for tid, t in dag.task_dict.items()}
     assert up["prepare_run"] == set()
     # the embedded Spark cluster (spark_master=embedded): a setup before the data stage, a
     # teardown after every train task that runs whatever happened before it
-    assert up["start_spark_cluster"] == {"prepare_run"} and dag.task_dict["start_spark_cluster"].is_setup
-    assert up["stop_spark_cluster"] == {"prepare_run", "start_spark_cluster", *TRAIN_IDS}
-    assert dag.task_dict["stop_spark_cluster"].is_teardown
+    assert up["start_services"] == {"prepare_run"} and dag.task_dict["start_services"].is_setup
+    assert up["stop_services"] == {"prepare_run", "start_services", *TRAIN_IDS}
+    assert dag.task_dict["stop_services"].is_teardown
     # the run's emulated hosts (cluster.kind=emulated): the same setup / teardown pair
     assert up["start_cluster"] == {"prepare_run"} and dag.task_dict["start_cluster"].is_setup
     assert up["stop_cluster"] == {"prepare_run", "start_cluster", *TRAIN_IDS}
     assert dag.task_dict["stop_cluster"].is_teardown
-    assert up["ingest"] == {"prepare_run", "start_spark_cluster", "start_cluster"}
+    assert up["ingest"] == {"prepare_run", "start_services", "start_cluster"}
     assert up["validate_snapshot"] == {"prepare_run", "ingest"}
     assert up["preprocess"] == {"prepare_run", "validate_snapshot"}
     assert up["validate_tokens"] == {"prepare_run", "preprocess"}

@@ -20,6 +20,8 @@ from pipelines.runfolder.paths import PROJECT_ROOT
 from pipelines.training import phases
 from tests import fault_injection
 
+pytestmark = pytest.mark.slow  # every test trains (or reads a cell trained here)
+
 # spark and determined at 1 worker are heavy (scripts/test.sh leaves them out): their 2-worker cells
 # cover the same paths; ddp at 1 worker is every comparison's reference and always trains
 WORKERS = [pytest.param(1, marks=pytest.mark.heavy), 2]

@@ -3,6 +3,7 @@ FSDP) hands them to the shared loop instead of copying it. Runs the real loop in
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -41,6 +42,7 @@ class FrameworkOwned(TorchDistributed):
         return loader
 
 
+@pytest.mark.slow  # trains in-process, and the torchrun reference cell
 def test_a_framework_wrapper_and_its_process_group_are_used_and_left_alone(bench_config, run_paths,
                                                                            tmp_path, trained):
     cell = CellPaths(run_paths.cells / "seam-w1")

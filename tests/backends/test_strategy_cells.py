@@ -18,6 +18,8 @@ from pipelines.config import TrainingStrategy, load_config
 from pipelines.runfolder.paths import RunPaths
 from pipelines.runfolder.results import CellResult
 
+pytestmark = pytest.mark.slow  # most of these train through a backend (the refusals share their fixtures)
+
 
 # --- through the backends, on the real data -------------------------------------------------------
 @pytest.fixture(scope="module")

@@ -48,7 +48,7 @@ class _FakeHost(SimpleNamespace):
 
 def test_the_launch_is_ddps_torchrun_with_determineds_chief_on_host0(tmp_path, imdb_dir, bert_tiny_dir,
                                                                     monkeypatch):
-    from pipelines.run.cells import determined
+    from pipelines.platforms.determined import adapter as determined
     from pipelines.platforms.determined.adapter import DeterminedBackend
 
     hosts = [_FakeHost(name=f"h{k}", address=f"10.213.0.{k + 1}", launched=[]) for k in range(2)]

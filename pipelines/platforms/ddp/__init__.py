@@ -22,6 +22,6 @@ class DDPSettings(BaseModel):
 
 PLATFORM = register(Platform(
     name="ddp", adapter=f"{__name__}.adapter:DDPBackend", order=0, label="PyTorch DDP (torchrun)",
-    colour="#1d4ed8", settings=DDPSettings, reference=True,
+    colour="#1d4ed8", settings=DDPSettings, reference=True, node_rank_setting="engines.ddp.node_rank",
     process_kinds=(("torchrun", "torchrun"), ("torch.distributed.run", "torchrun")),
 ))

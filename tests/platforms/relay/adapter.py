@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+from pipelines.cluster.processes import free_port_on
 from pipelines.platforms import torchrun
 from pipelines.platforms.contract import TrainingBackend
 from pipelines.runfolder.fileio import atomic_write_json
@@ -37,9 +38,9 @@ class RelayBackend(TrainingBackend):
 
     def launch_on_hosts(self, spec: CellSpec, launch_time: float, hosts: list) -> None:
         per_host = torchrun.host_nproc(spec.world_size, len(hosts))
-        port = torchrun.free_port_on(hosts[0])
-        cmds = torchrun.host_torchrun_commands(spec.config, spec.world_size, spec.cell_dir, launch_time, hosts,
-                                               port, module=WORKER)
+        port = free_port_on(hosts[0])
+        cmds = torchrun.host_torchrun_commands(spec.world_size, spec.cell_dir, launch_time, hosts, port,
+                                               max_restarts=spec.config.matrix.platform_retries, module=WORKER)
         logs = [spec.cell.log] + [spec.cell.node_log(k) for k in range(1, len(hosts))]
         self._hosts_by_cell()[spec.cell_dir] = len(hosts)
         try:

@@ -1,0 +1,68 @@
+"""The CI skip gate of tests/conftest.py: under CI=true a skip fails the run unless ALLOWED_SKIPS
+lists the test with the reason its skip gives; the accepted ones are printed with why. Runs pytest
+on a few throw-away tests (named like the allow-listed CUDA test) with the project's conftest."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+CASES = '''
+import pytest
+
+def test_captured_whole_step_matches_the_loop_step_on_cuda():
+    pytest.skip("needs CUDA (graph capture)")
+
+def test_a_skip_ci_must_not_accept():
+    pytest.skip("node is not installed")
+
+@pytest.mark.skipif(True, reason="needs CUDA, but this test is not on the list")
+def test_the_right_reason_on_the_wrong_test():
+    pass
+
+def test_that_runs():
+    pass
+'''
+
+
+def _pytest(tmp_path: Path, ci: str | None, *files: tuple[str, str]) -> subprocess.CompletedProcess:
+    (tmp_path / "tests").mkdir(exist_ok=True)
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    for name, text in files:
+        (tmp_path / "tests" / name).write_text(text)
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "PYTEST_ADDOPTS")}
+    env["PYTHONPATH"] = str(PROJECT_ROOT)
+    if ci is not None:
+        env["CI"] = ci
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider",
+                           "-q", "tests"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_under_ci_a_skip_off_the_list_fails_the_run_and_listed_ones_say_why(tmp_path):
+    done = _pytest(tmp_path, "true", ("test_gpu_check.py", CASES))
+    out = done.stdout
+    assert done.returncode == 1, out + done.stderr
+    assert "1 passed, 3 skipped" in out
+    assert "CI=true: 1 allow-listed skips" in out
+    assert ("SKIPPED tests/test_gpu_check.py::test_captured_whole_step_matches_the_loop_step_on_cuda: "
+            "needs CUDA (graph capture) -- accepted: CI machines have no GPU") in out
+    assert "CI=true: 2 skips not on the allow-list: the run fails" in out
+    assert "SKIPPED tests/test_gpu_check.py::test_a_skip_ci_must_not_accept: node is not installed" in out
+    assert "test_the_right_reason_on_the_wrong_test: needs CUDA, but" in out
+
+
+def test_under_ci_a_module_skipped_at_collection_fails_the_run(tmp_path):
+    done = _pytest(tmp_path, "true", ("test_needs_a_module.py",
+                                      "import pytest\npytest.importorskip('no_such_module_here')\n"),
+                   ("test_fine.py", "def test_fine():\n    pass\n"))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "SKIPPED tests/test_needs_a_module.py: could not import 'no_such_module_here'" in done.stdout
+
+
+def test_without_ci_skips_stay_skips(tmp_path):
+    done = _pytest(tmp_path, None, ("test_gpu_check.py", CASES))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 passed, 3 skipped" in done.stdout and "CI=true" not in done.stdout
