@@ -21,12 +21,13 @@ import argparse
 import json
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from pipelines.cluster.processes import free_port, stop_tree
 
 READY = "Ray runtime started."
 
@@ -91,9 +92,7 @@ def stop_leftovers(temp_dir: str) -> None:
 
 
 def start_head(env: dict, workers: int, temp_dir: str) -> tuple[subprocess.Popen, str, float]:
-    with socket.socket() as probe:  # a free port for the GCS
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # for the GCS
     log = open(tempfile.mktemp(prefix="ray-head-", suffix=".log"), "w+")
     started = time.time()
     proc = subprocess.Popen([sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
@@ -133,11 +132,7 @@ def main() -> None:
             joined.append(run_job(address, args.workers, env))
             print(json.dumps(joined[-1]), flush=True)
     finally:  # SIGTERM: `ray start --block` stops its node (no drain: pipelines.platforms.ray.hosts.NO_DRAIN)
-        head.terminate()
-        try:
-            head.wait(60)
-        except subprocess.TimeoutExpired:
-            head.kill()
+        stop_tree([head], 60.0, tree=False)
         stop_leftovers(temp_dir)
     first = joined[0]
     print(f"driver start -> loop: local cluster {local['driver_start_to_loop_s']} s, joining a running head "

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
 import statistics
 import sys
 import tempfile
@@ -32,13 +31,9 @@ import threading
 import time
 from pathlib import Path
 
+from pipelines.cluster.processes import free_port
+
 BUDGET_S = 1.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _serve(root: Path):
@@ -46,7 +41,7 @@ def _serve(root: Path):
 
     from pipelines.web.view import create_app
 
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(auth=lambda: None, root=root), host="127.0.0.1",
                                            port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)

@@ -91,6 +91,69 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no hub here; the hub code path i
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 
+# --- markers that hold ---------------------------------------------------------------------------
+# `slow` marks every test that trains or starts an engine, so that -m "not slow" is the fast tier.
+# A test without it that starts an engine process itself (or through a fixture) fails, naming the
+# command. Seen: what this interpreter spawns (subprocess, os.posix_spawn, os.exec*), not what
+# its children spawn, nor training in-process (tests/backends/test_loop_seam.py: marked by hand).
+_ENGINE_PROGRAMS = {"torchrun", "java", "spark-submit", "spark-class", "ray", "raylet", "gcs_server", "det",
+                    "airflow", "celery", "dockerd", "containerd", "chromium", "chrome", "headless_shell"}
+_ENGINE_MODULES = ("torch.distributed.run", "torch.distributed.launch", "determined.launch", "airflow",
+                   "celery", "ray.", "pyspark")
+_SERVER_PROGRAMS = {"mlflow": ("server", "ui"), "node": ("run-driver",)}  # playwright's driver: a browser
+_watched: dict = {"nodeid": None, "engines": []}
+
+
+def _engine(argv) -> str | None:
+    """The command line, when it starts an engine."""
+    argv = [os.fsdecode(a) if isinstance(a, bytes) else str(a) for a in argv] if isinstance(argv, (list, tuple)) \
+        else str(argv).split()
+    for i in range(len(argv) - 2):
+        if argv[i:i + 2] == ["netns", "exec"]:  # ip netns exec NS ARGV: what an emulated host runs
+            return _engine(argv[i + 3:])
+    if not argv:
+        return None
+    program = Path(argv[0]).name
+    if program.startswith("python") and "-m" in argv[:-1]:
+        module = argv[argv.index("-m") + 1]
+        program, argv = module.split(".")[0], [module, *argv[argv.index("-m") + 2:]]
+        if module.startswith(_ENGINE_MODULES) or (module + ".").startswith(_ENGINE_MODULES):
+            return " ".join(argv)[:200]
+    if program in _ENGINE_PROGRAMS or any(a in argv[1:3] for a in _SERVER_PROGRAMS.get(program, ())):
+        return " ".join(argv)[:200]
+    return None
+
+
+def _audit(event: str, args: tuple) -> None:
+    if _watched["nodeid"] is None or event not in ("subprocess.Popen", "os.posix_spawn", "os.exec"):
+        return
+    try:
+        found = _engine(args[1])
+    except Exception:  # an audit hook must never break the call it watches
+        return
+    if found:
+        _watched["engines"].append(found)
+
+
+sys.addaudithook(_audit)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    _watched.update(nodeid=None if item.get_closest_marker("slow") else item.nodeid, engines=[])
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    _watched["nodeid"] = None  # setup and call only: a module's fixtures may stop engines after its last test
+    result = yield
+    engines, _watched["engines"] = _watched["engines"], []
+    if engines and not item.get_closest_marker("slow"):
+        pytest.fail(f"{item.nodeid} starts an engine but is not marked slow (pyproject.toml's markers): "
+                    + "; ".join(dict.fromkeys(engines)), pytrace=False)
+    return result
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _stop_spark_at_the_end():
     """Stop the SparkSession the tests shared, before the interpreter (and py4j) goes away."""

@@ -216,6 +216,7 @@ def _whole_step_case(rows=40, seq=16, seed=0):
     return _tiny_model(), config, (ids, mask, labels), torch.randperm(rows, generator=g)
 
 
+@pytest.mark.slow  # trains BERT-tiny 6 steps twice
 @pytest.mark.parametrize("dropout", [True, False])
 def test_whole_step_losses_equal_the_loop_steps(dropout):
     """The eager whole step (fused capturable AdamW, the lr read from a device table inside the
@@ -232,6 +233,7 @@ def test_whole_step_losses_equal_the_loop_steps(dropout):
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # the model is put back
 
 
+@pytest.mark.slow  # trains BERT-tiny
 def test_whole_step_check_catches_a_wrong_schedule(monkeypatch):
     from pipelines.training import graph_step
 
@@ -275,6 +277,7 @@ def _host_syncs(fn):
     return hits
 
 
+@pytest.mark.slow  # trains BERT-tiny 4 steps
 def test_whole_step_and_eval_never_read_the_device_on_the_host():
     """What a capture needs, checked on the CPU: no .item() / bool(tensor) anywhere in the step
     (transformers' mask skip does one: graph_safe_masks turns it off) or in the evaluation."""

@@ -85,7 +85,7 @@ def shared_sqlite(tmp_path_factory) -> str:
     return f"sqlite:///{tmp_path_factory.mktemp('mlflow-sqlite') / 'mlflow.db'}"
 
 
-@pytest.mark.parametrize("store", ["sqlite", "server"])
+@pytest.mark.parametrize("store", ["sqlite", pytest.param("server", marks=pytest.mark.slow)])  # starts mlflow server
 def test_log_benchmark_parent_and_nested_runs(store, make_config, request, tmp_path):
     # sqlite: the default URI (<output_root>/mlflow.db), so the artifact location is checked too
     uri = request.getfixturevalue("mlflow_server")["url"] if store == "server" else None
@@ -145,6 +145,7 @@ def test_log_benchmark_parent_and_nested_runs(store, make_config, request, tmp_p
     assert len(_children(client, parent.info.run_id)) == len(results)
 
 
+@pytest.mark.slow  # the mlflow server
 def test_cell_tracking_records_system_metrics_on_server(mlflow_server, make_config):
     config = make_config(backends=["ddp"], worker_counts=[2], mlflow_tracking_uri=mlflow_server["url"])
     paths, _ = write_synthetic_run(config, skip=("ddp-w2-r0",))

@@ -215,6 +215,17 @@ class ClusterConfig(Section):
         return v.replace(",", " ").split() if isinstance(v, str) else v
 
 
+class ProjectedJob(Section):
+    """The job the report projects each platform's total to (``pipelines.run.projection``): its
+    fixed cost (provision, launch, teardown) + this many epochs of this many training reviews at
+    the run's measured per-sample speed + the final test of ``test_samples`` reviews. Default: the
+    published study's job, IMDB's 25,000 training reviews x 20 epochs, tested on its 25,000."""
+
+    train_samples: int = Field(25_000, ge=1, le=10**9)  # training reviews per epoch
+    epochs: int = Field(20, ge=1, le=100_000)
+    test_samples: int = Field(25_000, ge=0, le=10**9)  # reviews of the final test (0: none)
+
+
 class TrackingConfig(Section):
     """Where results go (run folders, MLflow) and how they are judged."""
 
@@ -241,6 +252,9 @@ class TrackingConfig(Section):
     regression_baseline_runs: int = Field(5, ge=1, le=50)  # K: baseline = median of the last K runs
     regression_window_days: int = Field(30, ge=1)  # long-term reference: oldest K runs in this window
     regression_pinned_baseline: str | None = None  # MLflow run id the team pins as long-term reference
+    # the job the verdict and "Beside the published study" project each platform's total to: the
+    # study's by default; set a team's own (``--set 'projected_job={"train_samples": 5000, "epochs": 3}'``)
+    projected_job: ProjectedJob = Field(default_factory=ProjectedJob)
 
 
 SECTIONS: dict[str, type[BaseModel]] = {"data": DataConfig, "training": TrainingConfig, "matrix": MatrixConfig,

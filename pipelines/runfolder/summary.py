@@ -36,6 +36,27 @@ class Interval(BaseModel):
     n: int = 0
 
 
+class Job(BaseModel):
+    """The job each platform's total is projected to (``config.tracking.projected_job``; the
+    study's by default): training reviews per epoch, epochs, reviews of the final test."""
+
+    train_samples: int = 25_000
+    epochs: int = 20
+    test_samples: int = 25_000
+
+
+class Projection(BaseModel):
+    """One aggregate's total projected to the summary's ``job`` (``pipelines.run.projection``)."""
+
+    total_seconds: float  # fixed + first-epoch warm-up + epochs x per-epoch + final test
+    fixed_seconds: float  # provision + launch + teardown (+ retries), the job pays it once
+    fixed_share: float  # fixed / total
+    # the job length, in reviews x epochs (and in epochs of this run's training set), from which the
+    # fixed cost stays under 5 % of the total (final test not counted); None: it never does
+    fixed_under_5pct_sample_epochs: float | None = None
+    fixed_under_5pct_epochs: int | None = None
+
+
 class CellRow(BaseModel):
     """One cell (backend, strategy, network, workers, repeat); failed cells carry only the first
     fields + error."""
@@ -87,6 +108,17 @@ class CellRow(BaseModel):
     ranks_peak_rss_mb: float | None = None
     platform_peak_rss_mb: float | None = None
     cost: float | None = None
+    # fixed versus per-epoch (pipelines.run.projection.split): what the cell paid once, its first and
+    # steady-state epoch (median of the epochs after the first; the one epoch of a 1-epoch cell), per
+    # training review and epoch, and the rest (final test, model export); None: failed or no epoch
+    fixed_seconds: float | None = None
+    first_epoch_seconds: float | None = None
+    steady_epoch_seconds: float | None = None
+    per_sample_seconds: float | None = None
+    final_seconds: float | None = None
+    train_samples: int | None = None
+    test_samples: int | None = None
+    link_bytes_per_train_step: float | None = None  # CellResult.link_bytes_per_train_step
 
 
 class Aggregate(BaseModel):
@@ -101,6 +133,7 @@ class Aggregate(BaseModel):
     workers: int
     comm_bytes_per_step: float | None = None  # median over the repeats
     link_bytes_per_step: float | None = None  # median over the repeats (all hosts' tx / steps)
+    link_bytes_per_train_step: float | None = None  # median over the repeats (the training steps alone)
     epoch_seconds: float | None = None  # median over the repeats of the cells' median epoch time
     communication_seconds: float | None = None  # median over the repeats of the communication phase
     recall_per_class: list[float] = Field(default_factory=list)  # median test recall per label
@@ -120,19 +153,31 @@ class Aggregate(BaseModel):
     resumed_cells: int = 0
     recovery_seconds: float | None = None  # median over the resumed repeats
     lost_seconds: float | None = None
-    peak_memory_mb_max: float | None = None
+    peak_memory_mb_max: float | None = None  # rank 0's own peak (RSS, or CUDA memory allocated)
     time_to_target_seconds: float | None = None  # median over the repeats that reached it
     reached_target: int = 0
-    worker_hours: float | None = None
-    estimated_cost: float | None = None  # worker-hours x price_per_worker_hour
+    worker_hours: float | None = None  # not in the report (the priced ``cost`` is)
+    estimated_cost: float | None = None  # worker-hours x price_per_worker_hour; not in the report
     cost: float | None = None  # median over the repeats of the cells' cost (price sheet)
     cpu_seconds: float | None = None  # median over the repeats
-    peak_rss_mb_max: float | None = None  # the largest over the repeats
+    peak_rss_mb_max: float | None = None  # the largest over the repeats: the whole cell
+    ranks_peak_rss_mb_max: float | None = None  # the ranks' (sum of their RSS at the peak sample)
+    platform_peak_rss_mb_max: float | None = None  # every other process of the cell
     speedup: float | None = None  # t(1 worker) / t(N) on training time
     scaling_efficiency: float | None = None  # t(1) / (N * t(N))
     overhead_vs_ddp_total: float | None = None  # (t - t_ddp) / t_ddp at the same worker count
     overhead_vs_ddp_training: float | None = None
     phases: dict[str, float] = Field(default_factory=dict)  # per phase, median over the repeats
+    # fixed versus per-epoch: medians over the repeats of the cells' (CellRow), and the total they
+    # project for the summary's job
+    fixed_seconds: float | None = None
+    first_epoch_seconds: float | None = None
+    steady_epoch_seconds: float | None = None
+    per_sample_seconds: float | None = None
+    final_seconds: float | None = None
+    train_samples: int | None = None
+    test_samples: int | None = None
+    projection: Projection | None = None
 
 
 class PriceSheet(BaseModel):
@@ -154,7 +199,9 @@ class FailedCell(BaseModel):
 class Hardware(BaseModel):
     hardware_class: str = "unknown"  # device kind and count, CPU model, hosts: runs compare within one
     devices: list[str] = Field(default_factory=list)
-    hosts: list[str] = Field(default_factory=list)
+    hosts: list[str] = Field(default_factory=list)  # where the driver ran (CellResult.host)
+    # the machines the cells' ranks ran on across hosts (emulated or SSH: placements, links); empty locally
+    cluster_hosts: list[str] = Field(default_factory=list)
     cpu_count: int | None = None
     versions: dict[str, str] = Field(default_factory=dict)  # library -> versions over the cells
 
@@ -180,7 +227,8 @@ class RunSummary(BaseModel):
     cells: list[CellRow] = Field(default_factory=list)
     aggregates: list[Aggregate] = Field(default_factory=list)
     failed: list[FailedCell] = Field(default_factory=list)
-    estimated_cost_total: float = 0.0
+    estimated_cost_total: float = 0.0  # worker-hours x price_per_worker_hour; not in the report
+    job: Job = Field(default_factory=Job)  # what the aggregates' ``projection`` projects to
     cost_total: float | None = None  # sum of the cells' cost (price sheet); None: no cell measured
 
     def write(self, paths: RunPaths) -> None:

@@ -18,6 +18,7 @@ from types import SimpleNamespace
 import pytest
 import torch.distributed.run as torchrun
 
+from pipelines import platforms
 from pipelines.cluster import why_unavailable
 from pipelines.runfolder.paths import RunPaths
 from tests.token_shards import write_token_shards
@@ -79,7 +80,8 @@ def test_the_launch_is_ddps_torchrun_with_determineds_chief_on_host0(tmp_path, i
     assert json.loads(spec.cell.placements.read_text()) == [
         {"rank": 0, "host": "h0", "address": "10.213.0.1"}, {"rank": 1, "host": "h1", "address": "10.213.0.2"}]
     assert backend.platform_fields(spec) == {"platform_mode": "local-2-nodes"}
-    assert DeterminedBackend.mode_caveats["local-2-nodes"] == DeterminedBackend.mode_caveats["local"]
+    caveats = platforms.get("determined").mode_caveats
+    assert caveats["local-2-nodes"] == caveats["local"]
 
 
 def test_hosts_with_a_master_a_multi_node_config_or_a_bad_split_are_refused(tmp_path, imdb_dir, bert_tiny_dir):

@@ -77,6 +77,7 @@ def _train_two_ranks(tmp_path: Path, strategy: TrainingStrategy, steps: int) -> 
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
 
+@pytest.mark.slow  # two gloo ranks (mp.spawn) train a toy model, three times
 def test_fp16_and_powersgd_hooks_train_and_send_fewer_bytes_than_plain_ddp(tmp_path):
     plain, fp16, powersgd = (
         _train_two_ranks(tmp_path, TrainingStrategy(**fields), steps=6)[0]
@@ -91,6 +92,7 @@ def test_fp16_and_powersgd_hooks_train_and_send_fewer_bytes_than_plain_ddp(tmp_p
     assert powersgd["hook_bytes"] > 0 and powersgd["bytes_per_step"] < fp16["bytes_per_step"]
 
 
+@pytest.mark.slow  # two gloo ranks (mp.spawn) train a toy model
 def test_local_sgd_averages_parameters_every_n_steps_only(tmp_path):
     ranks = _train_two_ranks(tmp_path, TrainingStrategy(sync_every=3), steps=7)
     in_sync = ranks[0]["in_sync"]  # after steps 1..7

@@ -1,6 +1,7 @@
-"""The CI skip gate of tests/conftest.py: under CI=true a skip fails the run unless ALLOWED_SKIPS
-lists the test with the reason its skip gives; the accepted ones are printed with why. Runs pytest
-on a few throw-away tests (named like the allow-listed CUDA test) with the project's conftest."""
+"""The gates of tests/conftest.py, each through pytest on a few throw-away tests with the
+project's conftest: under CI=true a skip fails the run unless ALLOWED_SKIPS lists the test with
+the reason its skip gives (the accepted ones are printed with why); a test that starts an engine
+without the `slow` marker fails."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def test_that_runs():
 
 def _pytest(tmp_path: Path, ci: str | None, *files: tuple[str, str]) -> subprocess.CompletedProcess:
     (tmp_path / "tests").mkdir(exist_ok=True)
-    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    slow: trains or starts engines\n")
     for name, text in files:
         (tmp_path / "tests" / name).write_text(text)
     env = {k: v for k, v in os.environ.items() if k not in ("CI", "PYTEST_ADDOPTS")}
@@ -66,3 +67,45 @@ def test_without_ci_skips_stay_skips(tmp_path):
     done = _pytest(tmp_path, None, ("test_gpu_check.py", CASES))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 passed, 3 skipped" in done.stdout and "CI=true" not in done.stdout
+
+
+ENGINES = '''
+import subprocess, sys
+from pathlib import Path
+import pytest
+
+TORCHRUN = str(Path(__file__).parent / "torchrun")  # a stand-in: it only exits
+
+def test_starts_torchrun_unmarked():
+    subprocess.run([TORCHRUN, "--standalone"], check=True)
+
+@pytest.fixture
+def mlflow_server():
+    subprocess.run([sys.executable, "-c", "pass", "mlflow", "server"], check=True)  # python -c: not a server
+    yield subprocess.run(["sh", "-c", "exit 0", "sh", "ip", "netns", "exec", "h0", "mlflow", "server"]).returncode
+
+def test_a_fixture_starts_a_server_on_an_emulated_host(mlflow_server):
+    assert mlflow_server == 0
+
+@pytest.mark.slow
+def test_starts_torchrun_marked_slow():
+    subprocess.run([TORCHRUN], check=True)
+
+def test_runs_plain_commands():
+    subprocess.run([sys.executable, "-m", "json.tool", "--help"], capture_output=True, check=True)
+'''
+
+
+def test_an_unmarked_test_that_starts_an_engine_fails_naming_it(tmp_path):
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "torchrun").write_text("#!/bin/sh\nexit 0\n")
+    (tmp_path / "tests" / "torchrun").chmod(0o755)
+    done = _pytest(tmp_path, None, ("test_engines.py", ENGINES))
+    out = done.stdout
+    assert done.returncode == 1, out + done.stderr
+    assert "4 passed, 2 errors" in out, out
+    assert "test_starts_torchrun_unmarked starts an engine but is not marked slow" in out
+    assert "torchrun --standalone" in out
+    assert "test_a_fixture_starts_a_server_on_an_emulated_host starts an engine" in out and "mlflow server" in out
+    assert "ERROR tests/test_engines.py::test_starts_torchrun_marked_slow" not in out
+    assert "ERROR tests/test_engines.py::test_runs_plain_commands" not in out
