@@ -25,6 +25,7 @@ ALLOWED = {
     # "ddp" as a sharding mode (torch's DistributedDataParallel wrapper vs FSDP), not the platform
     ("pipelines/config/strategy.py", "ddp"): "sharding mode",
     ("pipelines/runfolder/results.py", "ddp"): "sharding mode",
+    ("pipelines/platforms/determined/adapter.py", "ddp"): "sharding mode (the strategies it refuses)",
     # the Spark engine is shared by the data stage and the Spark platforms: its master URL is
     # the platform's setting (engines.spark.master), read where the engine starts
     ("pipelines/engines/spark_cluster.py", "spark"): "engines.spark.master",

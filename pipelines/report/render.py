@@ -36,7 +36,11 @@ COMPARISON_NOTE = (
     "training time. Overhead is relative to plain DDP at the same worker count. Time to target: "
     "training-phase time (no evaluation, no checkpoints) until the first epoch at or above the target "
     "accuracy on the validation split (repeats that reached it in brackets); test accuracy is "
-    "measured once, after training. 'resumed': repeats that needed more than one attempt.")
+    "measured once, after training. 'resumed': repeats that needed more than one attempt. Cost: priced "
+    "from the price sheet (see 'What each platform costs'; n/a where the cell's use was not measured). Peak "
+    "memory, in three scopes (largest over the repeats): the ranks (the training processes' RSS summed at "
+    "their peak), the platform (every other process of the cell: launcher, JVMs, Ray daemons, the driver) "
+    "and the whole cell (all of them at once; on emulated hosts the hosts' cgroups, page cache included).")
 
 
 def _dataset_lines(summary: RunSummary, config: BenchmarkConfig) -> list[str]:
@@ -68,9 +72,11 @@ def _model_lines(summary: RunSummary, config: BenchmarkConfig) -> list[str]:
 def _hardware_lines(summary: RunSummary) -> list[str]:
     hw = summary.hardware
     versions = ", ".join(f"{k} {v}" for k, v in sorted(hw.versions.items())) or "unknown"
+    machines = (f"- Cluster: {len(hw.cluster_hosts)} {_text(summary.cluster)} host(s), "
+                f"{_text(', '.join(hw.cluster_hosts))}; the driver ran on {_text(', '.join(hw.hosts) or 'unknown')}"
+                if hw.cluster_hosts else f"- Host(s): {_text(', '.join(hw.hosts) or 'unknown')}")
     return [f"- Device(s): {_text(', '.join(hw.devices) or 'unknown')}",
-            f"- Host(s): {_text(', '.join(hw.hosts) or 'unknown')}; "
-            f"CPU count (evaluating host): {_text(hw.cpu_count)}",
+            f"{machines}; CPU count (evaluating host): {_text(hw.cpu_count)}",
             f"- Versions: {_text(versions)}"]
 
 
@@ -156,8 +162,8 @@ def render_markdown(config: BenchmarkConfig, summary: RunSummary, plots: list[Pa
         f"# Distributed training benchmark: {_text(summary.run)}",
         f"Profile {_code(config.profile)}, {config.training.epochs} epochs, batch {config.training.batch_size} "
         f"({_text(config.training.batch_policy.replace('_', ' '))}), sequence length {config.data.max_seq_len}, "
-        f"{config.matrix.repeats} repeat(s), target accuracy {config.tracking.target_accuracy} (validation split), "
-        f"price {config.tracking.price_per_worker_hour} per worker-hour. Config fingerprint {_code(summary.fingerprint)}. "
+        f"{config.matrix.repeats} repeat(s), target accuracy {config.tracking.target_accuracy} (validation split). "
+        f"Config fingerprint {_code(summary.fingerprint)}. "
         f"Status: **{_text(summary.status)}**.",
         *((f"## {title}\n\n" if title else "") + "\n".join(lines) for title, lines in sections),
     ]

@@ -112,8 +112,12 @@ TIME_COLUMNS = [
 ]
 QUALITY_COLUMNS = ["backend", "workers", "test accuracy (median)", "test accuracy 95 % CI",
                    "test F1 (median)", "time to target s"]
-RESOURCE_COLUMNS = ["backend", "workers", "samples/s (median)", "scaling efficiency", "worker-hours",
-                    "est. cost", "peak memory MB (max)"]
+# cost: priced from the price sheet ("What each platform costs"); peak memory in three scopes, each
+# the largest over the repeats: the ranks (their RSS summed at the peak sample), the platform (every
+# other process of the cell: launcher, JVMs, Ray daemons, the driver) and the whole cell (all of them)
+MEMORY_COLUMNS = ("peak MB: ranks (max)", "peak MB: platform (max)", "peak MB: whole cell (max)")
+RESOURCE_COLUMNS = ["backend", "workers", "samples/s (median)", "scaling efficiency", "cost USD (median)",
+                    *MEMORY_COLUMNS]
 COMPARISON_TABLES = (("Time", TIME_COLUMNS), ("Quality", QUALITY_COLUMNS),
                      ("Throughput, cost and resources", RESOURCE_COLUMNS))
 
@@ -153,9 +157,14 @@ def comparison_values(a: Aggregate) -> dict[str, str]:
         "test accuracy 95 % CI": _interval(a.test_accuracy_ci, "acc"),
         "test F1 (median)": _fmt(a.test_f1.median, "acc"),
         "time to target s": "not reached" if tta is None else f"{tta:.2f} ({a.reached_target}/{a.repeats_ok})",
-        "worker-hours": _fmt(a.worker_hours, "cost"), "est. cost": _fmt(a.estimated_cost, "cost"),
-        "peak memory MB (max)": "n/a" if a.peak_memory_mb_max is None else f"{a.peak_memory_mb_max:.0f}",
+        "cost USD (median)": "n/a" if a.cost is None else f"{a.cost:.6f}",
+        **{title: _mb(value) for title, value in zip(MEMORY_COLUMNS, (
+            a.ranks_peak_rss_mb_max, a.platform_peak_rss_mb_max, a.peak_rss_mb_max))},
     }
+
+
+def _mb(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.0f}"
 
 
 def comparison_tables(summary: RunSummary) -> list[tuple[str, list[str], list[list[str]]]]:

@@ -13,8 +13,10 @@
   global work; None without a 1-worker cell); overhead vs DDP at the same worker count
   ((t - t_ddp)/t_ddp on total and training time), both within one network; the communication
   phase, the median epoch time and the bytes per step (handed to collectives; on the hosts' links);
-  worker-hours and estimated cost; what the cells' processes used (``CellResult.resources``) and their
-  cost from the price sheet (``resource_cost``);
+  worker-hours and estimated cost (kept in the summary, not in the report); what the cells' processes
+  used (``CellResult.resources``: peak memory of the ranks, the platform and the whole cell) and their
+  cost from the price sheet (``resource_cost``); what each cell paid once and per epoch, and the
+  total that makes for ``config.tracking.projected_job`` (``pipelines.run.projection``);
 - the failed cells and why (a missing result.json counts as failed "no result").
 
 It never raises for failed cells: the report must come out for partial runs. Per-prediction
@@ -27,15 +29,15 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import os
 import statistics
 
 from pipelines import platforms
 from pipelines.config import BenchmarkConfig
+from pipelines.run import projection
+from pipelines.run.hardware import hardware
 from pipelines.runfolder.paths import DEFAULT_NETWORK, DEFAULT_STRATEGY, RunPaths, cell_name
 from pipelines.runfolder.results import CellResult
-from pipelines.runfolder.summary import (Aggregate, CellRow, FailedCell, Hardware, Interval, PriceSheet, RunSummary,
-                               Stats)
+from pipelines.runfolder.summary import Aggregate, CellRow, FailedCell, Interval, PriceSheet, RunSummary, Stats
 from pipelines.training import phases
 
 log = logging.getLogger(__name__)
@@ -87,24 +89,6 @@ def bootstrap_interval(values: list[float], confidence: float = 0.95, resamples:
     tail = (1 - confidence) / 2 * 100
     return Interval(low=float(np.percentile(medians, tail)), high=float(np.percentile(medians, 100 - tail)),
                     n=len(data))
-
-
-def hardware_class(results: list[CellResult]) -> str:
-    """What makes timings comparable: device kind and count, CPU model and count, hosts."""
-    kinds = sorted({r.device for r in results}) or ["unknown"]
-    gpus = len({d for r in results for d in r.devices if d.startswith("cuda")})
-    return (f"{'+'.join(kinds)}; {gpus} gpu(s); cpu {_cpu_model()} x{os.cpu_count()}; "
-            f"{len({r.host for r in results if r.host}) or 1} host(s)")
-
-
-def _cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 def _stats(values: list[float]) -> Stats:
@@ -172,7 +156,8 @@ def cell_row(name: str, result: CellResult, target: float, network: str | None =
         cell=name, backend=result.backend, strategy=result.strategy, workers=result.world_size,
         repeat=result.repeat, comm_bytes_per_step=result.comm_bytes_per_step,
         network=network or result.network, cluster=result.cluster,
-        link_bytes_per_step=result.link_bytes_per_step, epoch_seconds=_median_epoch_seconds(result),
+        link_bytes_per_step=result.link_bytes_per_step, link_bytes_per_train_step=result.link_bytes_per_train_step,
+        epoch_seconds=_median_epoch_seconds(result),
         communication_seconds=result.phases.get("communication") if result.phases else None,
         recall_per_class=[c.recall for c in result.test.per_class] if result.test else [],
         status=result.status, error=result.error, device=result.device, host=result.host,
@@ -187,7 +172,7 @@ def cell_row(name: str, result: CellResult, target: float, network: str | None =
         lost_seconds=result.lost_seconds, recovery_seconds=result.recovery_seconds,
         window_start=result.timed_window.start if result.timed_window else None,
         window_end=result.timed_window.end if result.timed_window else None,
-        phases=result.phases, **_resource_fields(result, tracking),
+        phases=result.phases, **_resource_fields(result, tracking), **projection.row_fields(result),
     )
 
 
@@ -215,6 +200,7 @@ def _aggregate_one(config: BenchmarkConfig, backend: str, strategy: str, network
         network=network, cluster="/".join(sorted({r.cluster for r in ok})) or None,
         workers=workers, comm_bytes_per_step=_stats(col("comm_bytes_per_step")).median,
         link_bytes_per_step=_stats(col("link_bytes_per_step")).median,
+        link_bytes_per_train_step=_stats(col("link_bytes_per_train_step")).median,
         epoch_seconds=_stats(col("epoch_seconds")).median,
         communication_seconds=_stats(col("communication_seconds")).median,
         recall_per_class=_median_lists([r.recall_per_class for r in ok if r.recall_per_class]),
@@ -237,7 +223,9 @@ def _aggregate_one(config: BenchmarkConfig, backend: str, strategy: str, network
         estimated_cost=None if worker_hours is None else worker_hours * config.tracking.price_per_worker_hour,
         cost=_stats(col("cost")).median, cpu_seconds=_stats(col("cpu_seconds")).median,
         peak_rss_mb_max=max(col("peak_rss_mb"), default=None),
-        phases=_median_phases(ok),
+        ranks_peak_rss_mb_max=max(col("ranks_peak_rss_mb"), default=None),
+        platform_peak_rss_mb_max=max(col("platform_peak_rss_mb"), default=None),
+        phases=_median_phases(ok), **projection.aggregate_fields(ok, config.tracking.projected_job),
     )
 
 
@@ -320,15 +308,7 @@ def evaluate_run(config: BenchmarkConfig, paths: RunPaths) -> RunSummary:
         target_accuracy=config.tracking.target_accuracy, price_per_worker_hour=config.tracking.price_per_worker_hour,
         dataset=_manifest(paths),
         model_sources=sorted({r.model_source for r in ok_results if r.model_source}),
-        hardware=Hardware(
-            hardware_class=hardware_class(ok_results),
-            devices=sorted({r.device for r in ok_results}),
-            hosts=sorted({r.host for r in ok_results if r.host}),
-            cpu_count=os.cpu_count(),
-            # library versions over all cells (each backend adds its own library)
-            versions={k: ", ".join(sorted({r.versions[k] for r in ok_results if k in r.versions}))
-                      for k in sorted({k for r in ok_results for k in r.versions})},
-        ),
+        hardware=hardware(ok_results), job=projection.job_of(config.tracking.projected_job),
         cells=rows, aggregates=_aggregate(config, rows), failed=failed,
         estimated_cost_total=sum(r.world_size * r.total_seconds / 3600.0 * config.tracking.price_per_worker_hour
                                  for r in ok_results),
@@ -359,6 +339,10 @@ def summary_metrics(summary: RunSummary) -> dict[str, float]:
             "peak_rss_mb_max": agg.peak_rss_mb_max,
             "epoch_seconds_median": agg.epoch_seconds,
             "link_bytes_per_step_median": agg.link_bytes_per_step,
+            "link_bytes_per_train_step_median": agg.link_bytes_per_train_step,
+            "fixed_seconds_median": agg.fixed_seconds,
+            "steady_epoch_seconds_median": agg.steady_epoch_seconds,
+            "projected_total_seconds": agg.projection.total_seconds if agg.projection else None,
         }
         values.update({f"phase_{p}_seconds_median": v for p, v in agg.phases.items()})
         out.update({f"{agg.key}/{k}": float(v) for k, v in values.items() if v is not None})

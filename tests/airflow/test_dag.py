@@ -1,4 +1,4 @@
-"""The imdb_benchmark DAG: import, graph, params, parse time, and real `airflow dags test` runs.
+"""The imdb_benchmark DAG: import, graph, params, parse cost, and real `airflow dags test` runs.
 
     .venv/bin/python -m pytest tests/airflow -q            # all (~3 min on 2 cores)
     .venv/bin/python -m pytest tests/airflow -q -m "not slow"  # in-process checks only (~10 s)
@@ -56,33 +56,62 @@ def test_dags_folder_imports_without_errors(dagbag):
     assert set(dagbag.dags) == {"imdb_benchmark"}
 
 
-def test_dag_file_parses_fast_without_heavy_imports():
-    """Parse of the file in a fresh interpreter, after Airflow itself is imported, as the DAG processor
-    parses it: with the project's bytecode cached (a first parse writes it; this machine's environment
-    may say PYTHONDONTWRITEBYTECODE, which would make every parse compile ~300 files)."""
-    code = (
-        "import sys, time\n"
-        "from airflow.dag_processing.dagbag import DagBag\n"
-        "t = time.perf_counter()\n"
-        f"bag = DagBag(dag_folder={str(DAG_FILE)!r})\n"
-        "elapsed = time.perf_counter() - t\n"
-        "heavy = sorted(m for m in ('torch', 'pyspark', 'transformers', 'great_expectations', 'mlflow',\n"
-        "               'determined', 'ray', 'pandas', 'pipelines.run.stages') if m in sys.modules)\n"
-        "print(elapsed, bag.import_errors == {}, ','.join(heavy))\n"
-    )
+# A DAG with the Airflow imports of dags/imdb_benchmark.py and nothing of the project's: parsed
+# first, it loads the DAG machinery any DAG file needs, so the real file's parse after it is the
+# project's own cost.
+REFERENCE_DAG = """
+from airflow.providers.smtp.notifications.smtp import SmtpNotifier  # noqa: F401
+from airflow.sdk import Param, TaskGroup, dag, task
+
+
+@dag(dag_id="reference", schedule=None, params={"n": Param(1, type="integer")})
+def reference():
+    @task
+    def one():
+        return 1
+
+    with TaskGroup("group"):
+        task(lambda x: x, task_id="echo")(one())
+
+
+reference()
+"""
+PARSE = """
+import json, sys, time
+c = time.process_time()
+from airflow.dag_processing.dagbag import DagBag
+airflow_s = time.process_time() - c
+assert DagBag(dag_folder=sys.argv[1]).import_errors == {}
+c = time.process_time()
+bag = DagBag(dag_folder=sys.argv[2])
+parse_s = time.process_time() - c
+heavy = sorted(m for m in ('torch', 'pyspark', 'transformers', 'great_expectations', 'mlflow', 'determined',
+                           'ray', 'pandas', 'pipelines.run.stages') if m in sys.modules)
+print(json.dumps({"airflow_s": airflow_s, "parse_s": parse_s, "ok": bag.import_errors == {}, "heavy": heavy}))
+"""
+PARSE_SHARE = 0.25  # of importing Airflow; measured ~0.04 (bench/RESULTS.md, "Tests and CI")
+
+
+def test_dag_file_parses_fast_without_heavy_imports(tmp_path):
+    """Parse of the file in a fresh interpreter, as the DAG processor parses it, after Airflow
+    itself is imported and a reference DAG with the same Airflow imports is parsed: no heavy module
+    imported, and the parse's CPU time a small share of importing Airflow, measured in the same
+    process (CPU time, not wall time: the suite's other processes share the CPUs). With the
+    project's bytecode cached (the first parse writes it; this machine's environment may say
+    PYTHONDONTWRITEBYTECODE, which would make every parse compile ~300 files)."""
+    reference = tmp_path / "reference_dag.py"
+    reference.write_text(REFERENCE_DAG)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    parses = []
-    for _ in range(4):  # the first writes the bytecode; then the fastest of three (a busy 2-core box is noisy)
-        out = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, text=True,
-                             env=env, timeout=120, check=True).stdout.split("\n")[-2].split(" ")
-        parses.append((float(out[0]), out[1] == "True", out[2] if len(out) > 2 else ""))
-    for _, ok, heavy in parses:
-        assert ok
-        assert heavy == "", f"DAG file imports heavy modules at parse time: {heavy}"
-    # "well under a second" is the goal (~0.35 s on a quiet 2-core machine); the bound is the second itself,
-    # since the suite's other processes share the CPUs with this one
-    elapsed = min(p[0] for p in parses[1:])
-    assert elapsed < 1.0, f"parsing the DAG file took {elapsed:.2f} s (fastest of {[p[0] for p in parses[1:]]})"
+    parses = [json.loads(subprocess.run([sys.executable, "-c", PARSE, str(reference), str(DAG_FILE)],
+                                        cwd=PROJECT_ROOT, capture_output=True, text=True, env=env, timeout=120,
+                                        check=True).stdout.splitlines()[-1])
+              for _ in range(3)]  # the first writes the bytecode; then the lower share of two
+    for parse in parses:
+        assert parse["ok"]
+        assert parse["heavy"] == [], f"DAG file imports heavy modules at parse time: {parse['heavy']}"
+    shares = [p["parse_s"] / p["airflow_s"] for p in parses[1:]]
+    assert min(shares) < PARSE_SHARE, (
+        f"parsing the DAG file took {min(shares):.2f} of the CPU time of importing Airflow: {parses[1:]}")
 
 
 def test_task_graph(dag):

@@ -153,10 +153,6 @@ class DeterminedBackend(TrainingBackend):
         if config.engine("determined").master:
             raise ValueError("determined: hosts= runs the local Trainer on those hosts; with determined_master "
                              "the master schedules the slots on its own agents")
-        nnodes = torchrun_nodes(config)["nnodes"]
-        if nnodes != 1:
-            raise ValueError(f"determined: hosts= drives every node from this process; leave engines.ddp as one "
-                             f"node (got nnodes={nnodes})")
         host_nproc(world_size, len(hosts))  # a bad split
         strategy = strategy or config.matrix.strategies[0].name
         cell = cell or paths.cell(self.name, world_size, repeat, strategy)
@@ -178,12 +174,6 @@ class DeterminedBackend(TrainingBackend):
 
     def launch(self, spec: CellSpec, launch_time: float) -> None:
         cfg = spec.config
-        nodes = torchrun_nodes(cfg)
-        if nodes["nnodes"] > 1 and not cfg.engine("determined").master:
-            # across machines, Determined's own master schedules the slots (or hosts=, launch_on_hosts)
-            raise ValueError(f"determined: ddp_nnodes={nodes['nnodes']} applies to the ddp backend; "
-                             "run Determined across machines through its master (determined_master) or "
-                             "run_cell(..., hosts=...)")
         conf = self._prepare(spec, launch_time)
         if cfg.engine("determined").master:
             submit_experiment(conf, cfg.engine("determined").master)
@@ -191,7 +181,8 @@ class DeterminedBackend(TrainingBackend):
         # Determined copies the working directory into every checkpoint: run in an empty one.
         workdir = spec.cell.determined_workdir
         workdir.mkdir(parents=True, exist_ok=True)
-        cmd = worker_command(cfg, spec.world_size, spec.cell_dir, launch_time, module=TRIAL_MODULE, **nodes)
+        # one node: across machines Determined's master schedules the slots (or hosts=, launch_on_hosts)
+        cmd = worker_command(cfg, spec.world_size, spec.cell_dir, launch_time, module=TRIAL_MODULE)
         env = launch_env(cfg, os.environ, spec.world_size)
         env["USE_TORCH_DISTRIBUTED"] = "1"
         execute(cmd, env, spec.cell.log, cwd=workdir)
@@ -228,11 +219,3 @@ class DeterminedBackend(TrainingBackend):
             return {"platform_mode": "master"}
         nodes = self._hosts_by_cell().get(spec.cell_dir, 1)
         return {"platform_mode": "local" if nodes == 1 else f"local-{nodes}-nodes"}
-
-
-def torchrun_nodes(config: BenchmarkConfig) -> dict:
-    """The torchrun nodes of Determined's local mode: the DDP platform's multi-node settings
-    (``engines.ddp``: ``nnodes``, ``node_rank``, ``rdzv_endpoint``), which it shares; the one
-    place this adapter reads them."""
-    ddp = config.engine("ddp")
-    return {"nnodes": ddp.nnodes, "node_rank": ddp.node_rank, "rdzv_endpoint": ddp.rdzv_endpoint}
