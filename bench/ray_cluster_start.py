@@ -39,7 +39,7 @@ def job(address: str | None, workers: int) -> dict:
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    from pipelines.platforms.ray.adapter import local_cluster_options, worker_env_vars
+    from pipelines.platforms.ray.trainer import local_cluster_options, worker_env_vars
 
     runtime_env = {"env_vars": worker_env_vars()}
     t_import = time.time()

@@ -11,8 +11,9 @@ import matplotlib.image
 import pytest
 from PIL import Image
 
-from pipelines.run.evaluation import evaluate_run, summary_metrics
+from pipelines.run.evaluation import evaluate_run, resource_cost, summary_metrics
 from pipelines.report import QUALITY_COLUMNS, RESOURCE_COLUMNS, TIME_COLUMNS, build_report
+from pipelines.report.tables import MEMORY_COLUMNS
 from pipelines.runfolder.summary import SummaryMissing
 from tests.synthetic_results import write_synthetic_run
 
@@ -47,7 +48,7 @@ def parse_table(markdown: str) -> list[dict[str, str]]:
 def test_report_table_and_plots_match_results(make_config):
     config = make_config(backends=["ddp", "spark", "determined"], worker_counts=[1, 2], repeats=2,
                          price_per_worker_hour=1.0, target_accuracy=0.595)
-    paths, results = write_synthetic_run(config, failed=("determined-w2-r1",))
+    paths, results = write_synthetic_run(config, failed=("determined-w2-r1",), resources=True)
     with pytest.raises(SummaryMissing, match="evaluate the run first"):
         build_report(config, paths)  # reading a missing summary is an error, never a recompute
     evaluate_run(config, paths)
@@ -72,8 +73,11 @@ def test_report_table_and_plots_match_results(make_config):
         assert float(row["samples/s (median)"]) == median("samples_per_second", 2)
         assert float(row["test accuracy (median)"]) == median("test.accuracy", 4)
         assert float(row["test F1 (median)"]) == median("test.f1", 4)
-        cost = statistics.median(r.total_seconds for r in ok) * int(row["workers"]) / 3600 * 1.0
-        assert float(row["est. cost"]) == round(cost, 4)
+        # the priced cost (price sheet), one memory figure per scope: the ranks, the platform, the whole cell
+        assert float(row["cost USD (median)"]) == pytest.approx(
+            statistics.median(resource_cost(r, config.tracking) for r in ok), abs=1e-6)
+        for column, scope in zip(MEMORY_COLUMNS, ("ranks_peak_rss_mb", "platform_peak_rss_mb", "peak_rss_mb")):
+            assert float(row[column]) == round(max(getattr(r.resources, scope) for r in ok))
         if row["backend"] == "ddp":
             assert row["overhead vs ddp (total)"] == "+0.0 %"
     by_key = {f"{r['backend']}-w{r['workers']}": r for r in rows}
@@ -83,6 +87,9 @@ def test_report_table_and_plots_match_results(make_config):
     tta = float(re.match(r"([\d.]+) \(2/2\)", by_key["ddp-w2"]["time to target s"]).group(1))
     assert tta == round(statistics.median(results[f"ddp-w2-r{i}"].epochs[0].elapsed_seconds
                                           for i in range(2)), 2)
+
+    # no worker-hour estimate beside the priced cost, no memory figure without its scope
+    assert "est. cost" not in md and "worker-hour" not in md and "peak memory MB (max)" not in md
 
     # what was run on what, and what failed, in plain words
     assert "determined-w2-r1" in md and "exited with code 1" in md
@@ -102,7 +109,8 @@ def test_report_table_and_plots_match_results(make_config):
         assert md.count(f"({plot.name})") == 1  # the verdict's chart under the verdict, the others under Plots
 
     html = Path(out["html"]).read_text()
-    assert html.count("data:image/png;base64,") == 6
+    timelines = sum(1 for r in results.values() if r.status == "ok")  # one per measured cell (costs section)
+    assert html.count("data:image/png;base64,") == 6 + timelines
     assert "<table>" in html and "determined-w2-r1" in html
 
 

@@ -21,16 +21,18 @@ from pipelines.measure.resources import read_timeline
 from pipelines.runfolder.results import CellResult, ResourceUsage
 from pipelines.runfolder.summary import RunSummary
 
+# peak memory in one column per scope: the ranks, the platform (every other process of the cell),
+# the whole cell (on a host: the host's cgroup, page cache included); by platform: the comparison's table
 COST_COLUMNS = ["cell", "mode", "wall s", "CPUs", "CPU s (ranks / platform)", "CPU utilisation",
-                "peak memory MB", "ranks peak RSS MB", "platform peak RSS MB",
-                "platform processes (peak RSS MB)", "sent / received", "GPU util / peak MB", "cost"]
+                "peak MB: ranks", "peak MB: platform", "peak MB: whole cell",
+                "platform processes (peak RSS MB)", "sent / received", "GPU util / peak MB", "cost USD"]
 HOST_COLUMNS = ["cell", "host", "measured by", "CPUs", "CPU s (ranks / platform)", "CPU utilisation",
-                "peak memory MB", "ranks / platform peak RSS MB", "platform processes (peak RSS MB)",
+                "peak MB: ranks / platform", "peak MB: whole host", "platform processes (peak RSS MB)",
                 "sent / received"]
 # the columns of the second table of each split pair (what a cell's platform ran, moved and cost)
-COST_SECOND = ("platform processes (peak RSS MB)", "sent / received", "GPU util / peak MB", "cost")
-PLATFORM_COLUMNS = ["platform", "workers", "network", "repeats measured", "cost (median)",
-                    "CPU s (median)", "peak memory MB (max)"]
+COST_SECOND = ("platform processes (peak RSS MB)", "sent / received", "GPU util / peak MB", "cost USD")
+PLATFORM_COLUMNS = ["platform", "workers", "network", "repeats measured", "cost USD (median)",
+                    "CPU s (median)"]
 
 
 def cell_results(config, paths) -> dict[str, CellResult]:
@@ -99,8 +101,8 @@ def cost_rows(summary: RunSummary, results_by_cell: dict[str, CellResult]) -> li
         rows.append([
             row.cell, result.platform_mode or "n/a", _num(usage.wall_seconds), _num(usage.cpus, "d"),
             _cpu(usage.cpu_seconds, usage.ranks_cpu_seconds, usage.platform_cpu_seconds),
-            _pct(usage.cpu_utilisation), _num(usage.peak_rss_mb, ".0f"), _num(usage.ranks_peak_rss_mb, ".0f"),
-            _num(usage.platform_peak_rss_mb, ".0f"), _kinds(usage.platform_processes),
+            _pct(usage.cpu_utilisation), _num(usage.ranks_peak_rss_mb, ".0f"),
+            _num(usage.platform_peak_rss_mb, ".0f"), _num(usage.peak_rss_mb, ".0f"), _kinds(usage.platform_processes),
             _moved(usage.bytes_sent, usage.bytes_received), _gpu(usage), _num(row.cost, ".6f")])
     return rows
 
@@ -113,20 +115,21 @@ def host_rows(results_by_cell: dict[str, CellResult]) -> list[list[str]]:
             rss = f"{_num(part.ranks_peak_rss_mb, '.0f')} / {_num(part.platform_peak_rss_mb, '.0f')}"
             rows.append([name, host, part.note or part.source, _num(part.cpus, "d"),
                          _cpu(part.cpu_seconds, part.ranks_cpu_seconds, part.platform_cpu_seconds),
-                         _pct(part.cpu_utilisation), _num(part.peak_memory_mb, ".0f"), rss,
+                         _pct(part.cpu_utilisation), rss, _num(part.peak_memory_mb, ".0f"),
                          _kinds(part.platform_processes), _moved(part.bytes_sent, part.bytes_received)])
     return rows
 
 
 def platform_rows(summary: RunSummary) -> list[list[str]]:
-    """Per (platform, workers, network): the median cost and CPU over the repeats, the largest peak."""
+    """Per (platform, workers, network): the median cost and CPU over the repeats (peak memory by
+    scope: the comparison's "Throughput, cost and resources" table)."""
     def measured(a) -> int:
         key = (a.backend, a.strategy, a.network, a.workers)
         return sum(1 for c in summary.cells
                    if c.cost is not None and (c.backend, c.strategy, c.network, c.workers) == key)
 
     return [[str(a.backend), str(a.workers), a.network, str(measured(a)), _num(a.cost, ".6f"),
-             _num(a.cpu_seconds), _num(a.peak_rss_mb_max, ".0f")] for a in summary.aggregates]
+             _num(a.cpu_seconds)] for a in summary.aggregates]
 
 
 def _price_lines(summary: RunSummary) -> list[str]:
@@ -138,9 +141,8 @@ def _price_lines(summary: RunSummary) -> list[str]:
         "A cell's cost = provisioned CPUs x wall hours x the CPU price + peak memory GB x wall hours x the "
         "GB price + GPUs x wall hours x the GPU price; wall hours = the cell's total seconds (all its "
         "attempts) / 3600; provisioned CPUs = the cores the cell could use (on this host: the driver's CPU "
-        "affinity; on emulated hosts: the sum of the hosts' cpusets); peak memory = the table's peak "
-        "(GB = 1024 MB, as cloud price lists count it); GPUs = the ranks on a CUDA device. The comparison "
-        f"table's est. cost is the older worker-hours x {sheet.per_worker_hour} per worker-hour.",
+        "affinity; on emulated hosts: the sum of the hosts' cpusets); peak memory = the whole cell's peak "
+        "(GB = 1024 MB, as cloud price lists count it); GPUs = the ranks on a CUDA device.",
     ]
 
 
@@ -156,7 +158,10 @@ def _method_lines(summary: RunSummary, results_by_cell: dict[str, CellResult]) -
         "hosts: each host's cgroups (cpuacct; memory.max_usage_in_bytes, page cache included) plus the "
         "driver's processes; bytes = the hosts' link counters (on this host: the cell's private network "
         "namespace where it has one, else n/a). Ranks = the processes that wrote their pid "
-        "(`<cell>/ranks/`); the platform = everything else (launcher, JVMs, Ray daemons, the driver).",
+        "(`<cell>/ranks/`); the platform = everything else (launcher, JVMs, Ray daemons, the driver). Peak "
+        "memory per scope: the ranks' RSS summed at their peak sample, the platform's likewise, and the whole "
+        "cell's (all of them at once; per host: the host's cgroup); the peaks need not fall on one sample, so "
+        "ranks + platform may exceed the whole cell.",
         *[f"- {_text(n)}" for n in notes],
         *[f"- {_text(name)}: no rank wrote its pid (e.g. a trial outside the shared loop): all its "
           "processes count as the platform's"

@@ -16,13 +16,15 @@ from typing import Any
 
 from pipelines.config import BenchmarkConfig
 from pipelines.runfolder.paths import DEFAULT_STRATEGY
-from pipelines.report.tables import _fmt, _md_table, _text, networked
+from pipelines.report.tables import _fmt, _md_table, _text, networked, split_table
 from pipelines.runfolder.summary import Aggregate, RunSummary
 
 UNSHAPED_BITS_PER_SECOND = 9e9  # an unshaped veth link between two emulated hosts (measured ~9.4 Gbit/s)
 
 NETWORK_COLUMNS = ["backend", "strategy", "workers", "network", "bandwidth", "communication s (median)",
-                   "epoch s (median)", "epoch vs fastest network", "link MB/step", "comm MB/step (payload)"]
+                   "epoch s (median)", "epoch vs fastest network", "link MB/step (all traffic)",
+                   "link MB/training step", "comm MB/step (payload)"]
+NETWORK_BYTES = ("link MB/step (all traffic)", "link MB/training step", "comm MB/step (payload)")  # 2nd table
 BREAK_EVEN_COLUMNS = ["backend", "strategy", "workers", "epoch time vs default per network",
                       "break-even bandwidth"]
 
@@ -59,8 +61,8 @@ def format_bandwidth(bits: float | None, network: str | None = None) -> str:
     return f"{bits / 1e6:.3g} Mbit/s"
 
 
-def _mb(value: float | None) -> str:
-    return "n/a" if value is None else f"{value / 2**20:.3f}"
+def _mb(value: float | None, missing: str = "n/a") -> str:
+    return missing if value is None else f"{value / 2**20:.3f}"
 
 
 def _over_networks(summary: RunSummary) -> list[Aggregate]:
@@ -85,7 +87,8 @@ def network_rows(summary: RunSummary) -> list[list[str]]:
         rows.append([str(a.backend), a.strategy, str(a.workers), a.network,
                      format_bandwidth(bandwidth(a.network), a.network), _fmt(a.communication_seconds),
                      _fmt(a.epoch_seconds), "n/a" if ratio is None else f"{ratio:.2f}x",
-                     _mb(a.link_bytes_per_step), _mb(a.comm_bytes_per_step)])
+                     _mb(a.link_bytes_per_step), _mb(a.link_bytes_per_train_step, "not measured"),
+                     _mb(a.comm_bytes_per_step)])
     return rows
 
 
@@ -178,13 +181,16 @@ def network_lines(summary: RunSummary, config: BenchmarkConfig) -> list[str]:
     rows = network_rows(summary)
     if not rows:
         return lines + ["", "No multi-worker cell: nothing went over a link."]
-    lines += ["", _md_table(NETWORK_COLUMNS, rows), "",  # _md_table escapes every cell
+    lines += ["", *split_table(NETWORK_COLUMNS, rows, NETWORK_BYTES),  # _md_table escapes every cell
               "Medians over repeats. Communication = the training's gradient all-reduce phase, all epochs "
               "(see 'Where the time goes'); epoch = one epoch's train + evaluation + checkpoint (median "
-              "over epochs); 'vs fastest network' = this epoch time / the same cell's on the fastest network measured. Link MB/step: "
-              "the bytes every host's link sent during the launch / optimizer steps trained (gradients, "
-              "evaluation, rendezvous, any data the platform moved); comm MB/step: the payload one rank "
-              "handed to collectives per step. 1-worker cells run on one host: no link, not shown."]
+              "over epochs); 'vs fastest network' = this epoch time / the same cell's on the fastest network "
+              "measured. Link MB/step (all traffic): the bytes every host's link sent during the launch / "
+              "optimizer steps trained (gradients, evaluation, rendezvous, any data the platform moved); link "
+              "MB/training step: what the links sent during the training steps alone (the ranks read their "
+              "host's counters around each epoch's steps; 'not measured' where the platform's training loop does "
+              "not read them); comm MB/step: the payload one rank handed to collectives per step. 1-worker cells "
+              "run on one host: no link, not shown."]
     even = break_even_rows(summary, config)
     if even:
         lines += ["", "Break-even bandwidth of the communication strategies: the bandwidth below which the "

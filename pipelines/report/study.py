@@ -1,17 +1,20 @@
 """The "Beside the published study" section: each platform's overhead over DDP here, where the
-extra time goes, beside the study's figure, with the caveats of the modes this run used."""
+extra time goes, its overhead projected to the study's job (or the configured one), beside the
+study's figure, with the caveats of the modes this run used; then each platform's projected total
+(``pipelines.report.projection``)."""
 
 from __future__ import annotations
 
 from pipelines import platforms
 from pipelines.runfolder.paths import DEFAULT_NETWORK
+from pipelines.report.projection import projection_lines
 from pipelines.report.tables import PHASE_ORDER, _fmt, _md_table, _mode, _text, mode_caveat, study_overhead
 from pipelines.runfolder.summary import Aggregate, RunSummary
 
 # The published study this benchmark reproduces (README): BERT-tiny on IMDB, 3 GPU nodes.
 STUDY_SETTING = "3 GPU nodes; DDP: 20 epochs in 499 s on 2 GPUs"
 STUDY_COLUMNS = ["platform", "mode here", "workers", "overhead here (total)", "overhead here (training)",
-                 "where the extra time goes (vs ddp, medians)", "study's overhead"]
+                 "where the extra time goes (vs ddp, medians)", "overhead projected to the job", "study's overhead"]
 
 
 def _where_the_time_goes(a: Aggregate, ddp: Aggregate) -> str:
@@ -29,6 +32,13 @@ def _where_the_time_goes(a: Aggregate, ddp: Aggregate) -> str:
     return f"{total:+.2f} s total, mostly {ranked[0]}: {parts}"
 
 
+def _projected_overhead(a: Aggregate, ddp: Aggregate) -> str:
+    """The platform's projected total for the summary's job over DDP's (``pipelines.run.projection``)."""
+    if a.projection is None or ddp.projection is None or not ddp.projection.total_seconds:
+        return "n/a"
+    return _fmt(a.projection.total_seconds / ddp.projection.total_seconds - 1, "pct")
+
+
 def study_rows(summary: RunSummary) -> list[list[str]]:
     """Each platform's overhead over DDP here beside the study's, with this run's mode (the hardware
     and the study's setting are the section's first sentence: the same for every row)."""
@@ -43,13 +53,17 @@ def study_rows(summary: RunSummary) -> list[list[str]]:
         rows.append([
             str(a.backend), _mode(a, "unknown"), workers,
             _fmt(a.overhead_vs_ddp_total, "pct"), _fmt(a.overhead_vs_ddp_training, "pct"),
-            _where_the_time_goes(a, ddp[(a.network, a.workers)]),
+            _where_the_time_goes(a, ddp[(a.network, a.workers)]), _projected_overhead(a, ddp[(a.network, a.workers)]),
             "n/a" if study is None else f"{study * 100:+.0f} % ({1 + study:.2f}x)",
         ])
     return rows
 
 
 def _study_lines(summary: RunSummary) -> list[str]:
+    return [*_overhead_lines(summary), "", *projection_lines(summary)]
+
+
+def _overhead_lines(summary: RunSummary) -> list[str]:
     rows = study_rows(summary)
     if not rows:
         return ["No platform besides DDP finished at a worker count DDP also ran: nothing to set beside the study."]
@@ -63,5 +77,6 @@ def _study_lines(summary: RunSummary) -> list[str]:
     finished = dict.fromkeys(str(a.backend) for a in summary.aggregates if a.repeats_ok)
     notes = [f"- {note}" for name in finished if (p := platforms.find(name)) and (note := p.study_note)]
     notes.append("- The study's percentages are its whole-run overheads on GPUs; this run's are per cell "
-                 "(total = adapter entry to result, training = the training phase alone).")
+                 "(total = adapter entry to result, training = the training phase alone) and, projected to the "
+                 "job, what the same fixed and per-epoch costs make for a job of that length (below).")
     return lines + ["Notes:", "", *notes]

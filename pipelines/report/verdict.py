@@ -1,7 +1,9 @@
 """The report's opening verdict: what the run found, in a few sentences generated from its summary.
 
 Per worker count (and network, when the run has several): the fastest platform and its time, each
-other platform's overhead over it and the phase that carries most of the difference; whether the
+other platform's overhead over it and the phase that carries most of the difference; each platform's
+total projected to the study's job (or the configured one: ``pipelines.report.projection``) and from
+which job length its fixed cost stays under 5 % of its total; whether the
 platforms' test accuracies are at parity (within ``PARITY_POINTS``); the modes whose overhead is
 not the platform's cluster overhead; the failed cells (first line of their error); the regression
 check's outcome when ``report/regression.json`` is there (a re-report after the check). The chart
@@ -22,6 +24,7 @@ from typing import Any
 from pipelines.runfolder.fileio import atomic_write_text
 from pipelines.runfolder.paths import DEFAULT_STRATEGY, RunPaths
 from pipelines.report.network import networks_of
+from pipelines.report.projection import FIXED_PERCENT, fixed_range, job_text, projected
 from pipelines.report.tables import PHASE_ORDER, _text, mode_caveat, networked
 from pipelines.runfolder.summary import Aggregate, RunSummary
 
@@ -58,8 +61,9 @@ def _joined(pieces: list[Parts], sep: str) -> Parts:
 
 @dataclass(frozen=True)
 class Finding:
-    """One sentence of the verdict; ``kind``: fastest, parity, modes, failed, regression (the check
-    passed or set the baseline), regressed (it failed), nothing (no finished cell)."""
+    """One sentence of the verdict; ``kind``: fastest, projection (totals projected to the job),
+    parity, modes, failed, regression (the check passed or set the baseline), regressed (it failed),
+    nothing (no finished cell)."""
 
     kind: str
     parts: Parts
@@ -197,6 +201,37 @@ def _rest_finding(rest: list[tuple[str, list[Aggregate]]]) -> Finding:
     return Finding("fastest", _say("Fastest elsewhere: ") + _joined(pieces, "; ") + [(".", False)])
 
 
+# --- projected to the job -----------------------------------------------------------------------------
+
+def _projection_finding(summary: RunSummary, told: list[tuple[str, list[Aggregate]]]) -> Finding | None:
+    """Each told group's platforms ranked by their total projected to the summary's job, and the
+    job lengths from which their fixed costs stay under 5 %."""
+    pieces = []
+    for label, aggs in told:
+        ranked = projected(aggs)
+        if not ranked:
+            continue
+        best = ranked[0][1].total_seconds
+        piece = _say("at {label} {b} {t:,.0f} s", label=label, b=str(ranked[0][0].backend), t=best)
+        for a, proj in ranked[1:]:
+            piece += _say(", {b} {pct:+.1f} %", b=str(a.backend), pct=(proj.total_seconds / best - 1) * 100)
+        pieces.append(piece)
+    if not pieces:
+        return None
+    parts = _say("Projected to {job} from each cell's fixed and per-epoch seconds: ", job=job_text(summary.job))
+    parts += _joined(pieces, "; ") + [(".", False)]
+    ends = fixed_range([a for _, aggs in told for a in aggs])
+    if ends:
+        low, high = ends
+        parts += _say(" Fixed costs (provision, launch, teardown) stay under {pct} % of the total from "
+                      "{lo:,.0f} reviews x epochs ({lb}, {lw} worker{ls}) to {hi:,.0f} ({hb}, {hw} worker{hs}).",
+                      pct=FIXED_PERCENT, lo=low.projection.fixed_under_5pct_sample_epochs, lb=str(low.backend),
+                      lw=low.workers, ls="s" if low.workers != 1 else "",
+                      hi=high.projection.fixed_under_5pct_sample_epochs, hb=str(high.backend), hw=high.workers,
+                      hs="s" if high.workers != 1 else "")
+    return Finding("projection", parts)
+
+
 # --- accuracy, modes, failures, regression -----------------------------------------------------------
 
 def _acc(a: Aggregate) -> float | None:
@@ -310,6 +345,8 @@ def build_verdict(summary: RunSummary, regression: dict[str, Any] | None = None,
             findings += _group_finding(*grouped[i])
         if len(full) < len(grouped):
             findings.append(_rest_finding([g for i, g in enumerate(grouped) if i not in full]))
+        projection = _projection_finding(summary, [grouped[i] for i in full])
+        findings += [projection] if projection else []
     extra = (_parity_finding(summary, grouped), _modes_finding(summary), _failed_finding(summary),
              _regression_finding(regression))
     findings += [f for f in extra if f is not None]

@@ -94,8 +94,9 @@ def test_the_default_engine_is_plain_torch():
 
     batch = (torch.ones(4, 2, dtype=torch.long), torch.ones(4, 2, dtype=torch.long), torch.tensor([0, 1, 0, 1]))
     calls = []
-    loss, logits, labels = steps.train_step(engine, Forward(), batch, torch.device("cpu"),
-                                            after_step=lambda: calls.append(scheduler.get_last_lr()[0]))
+    loss, _, _ = steps.train_step(engine, Forward(), batch, torch.device("cpu"),
+                                  after_step=lambda: calls.append(scheduler.get_last_lr()[0]))
+    assert loss.grad_fn is not None
     assert not torch.equal(model.weight, before) and calls == [0.1]  # after the step, before the scheduler's
     assert scheduler.get_last_lr()[0] == pytest.approx(0.05)
 

@@ -14,7 +14,8 @@ import psutil
 import pytest
 
 from pipelines.run.cells import run_cell
-from pipelines.platforms.ray.adapter import RayBackend, is_ray_process, local_cluster_options, worker_env_vars
+from pipelines.platforms.ray.adapter import RayBackend
+from pipelines.platforms.ray.trainer import is_ray_process, local_cluster_options, worker_env_vars
 from pipelines.config import ConfigError, load_config
 from pipelines.runfolder.paths import PROJECT_ROOT, CellPaths, RunPaths
 from pipelines.runfolder.results import CellResult

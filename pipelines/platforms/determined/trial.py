@@ -158,10 +158,10 @@ class DeterminedEngine(TorchEngine):
     def scheduler_step(self) -> None:
         """Nothing: the Trainer steps the wrapped scheduler (STEP_EVERY_BATCH) after ``train_batch``."""
 
-    def load_model_state(self, model, state: dict) -> None:
-        raise NotImplementedError("Determined's Trainer restores the trial from its own checkpoint")
+    def _trainer_checkpoints(self, *args, **kwargs):
+        raise NotImplementedError("Determined's Trainer checkpoints and restores the trial itself")
 
-    load_state = state_dict = load_model_state
+    load_model_state = load_state = state_dict = _trainer_checkpoints
 
 
 class BenchmarkTrial(dtorch.PyTorchTrial):
