@@ -129,6 +129,7 @@ def test_report_with_every_cell_failed(make_config):
 
 def test_report_sets_each_platform_beside_the_study_with_its_mode(make_config):
     from pipelines.report import study_overhead, study_rows
+    from pipelines.run.projection import project, split
 
     config = make_config(backends=["ddp", "spark", "determined"], worker_counts=[1, 2], repeats=1)
     paths, results = write_synthetic_run(config)
@@ -145,7 +146,10 @@ def test_report_sets_each_platform_beside_the_study_with_its_mode(make_config):
         assert row[3] == f"{overhead * 100:+.1f} %"
         extra_launch = cell.phases["launch"] - ddp.phases["launch"]  # the phase that explains it
         assert f"mostly launch: launch {extra_launch:+.2f} s" in row[5]
-        assert row[6].startswith(f"{study_overhead(backend) * 100:+.0f} %")
+        # the overhead projected to the study's job: each cell's fixed + per-epoch seconds at its length
+        mine, base = (project(split(r), summary.job) for r in (cell, ddp))
+        assert row[6] == f"{(mine / base - 1) * 100:+.1f} %"
+        assert row[7].startswith(f"{study_overhead(backend) * 100:+.0f} %")
     assert f"Hardware here: {summary.hardware.hardware_class}. The study: 3 GPU nodes" in md
     # each local mode is labelled as not being the platform's cluster overhead
     assert "Local modes are not the platform's cluster overhead" in md

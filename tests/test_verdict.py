@@ -57,7 +57,8 @@ def test_a_normal_run_names_the_fastest_the_overheads_with_their_phase_and_parit
     paths, results = write_synthetic_run(config)
     summary, verdict = _verdict(config, paths)
     texts = _texts(verdict)
-    assert 3 <= len(texts) <= 8 and [f.kind for f in verdict.findings][:3] == ["fastest", "fastest", "parity"]
+    assert 3 <= len(texts) <= 8
+    assert [f.kind for f in verdict.findings][:4] == ["fastest", "fastest", "projection", "parity"]
 
     for workers, text in ((1, texts[0]), (2, texts[1])):
         ddp = results[f"ddp-w{workers}-r0"]
@@ -70,10 +71,21 @@ def test_a_normal_run_names_the_fastest_the_overheads_with_their_phase_and_parit
             assert (f"{backend} is {gap / ddp.total_seconds * 100:.1f} % slower (+{gap:.2f} s), most of it in "
                     f"launch (+{launch:.2f} s)") in text
     assert "(scaling efficiency " in texts[1] and "(scaling efficiency" not in texts[0]
-    assert texts[2].startswith(f"Accuracy is at parity: at each setting the platforms' median test accuracies "
+    # the totals projected to the study's job, fastest first, and where each fixed cost stops mattering
+    projected = {a.key: a.projection for a in summary.aggregates}
+    assert texts[2].startswith("Projected to the study's job (25,000 reviews x 20 epochs, tested on 25,000) from "
+                               "each cell's fixed and per-epoch seconds: at 1 worker ddp ")
+    ddp2, spark2 = projected["ddp-w2"].total_seconds, projected["spark-w2"].total_seconds
+    assert (f"at 2 workers ddp {ddp2:,.0f} s, spark {(spark2 / ddp2 - 1) * 100:+.1f} %, determined "
+            in texts[2])
+    unders = {k: p.fixed_under_5pct_sample_epochs for k, p in projected.items()}
+    low, high = min(unders, key=unders.get), max(unders, key=unders.get)
+    assert (f"Fixed costs (provision, launch, teardown) stay under 5 % of the total from {unders[low]:,.0f} "
+            f"reviews x epochs ({low.split('-')[0]}, ") in texts[2] and f"to {unders[high]:,.0f} (" in texts[2]
+    assert texts[3].startswith(f"Accuracy is at parity: at each setting the platforms' median test accuracies "
                                f"are within {PARITY_POINTS:g} points of each other")
-    assert "random weights" in texts[2]  # the synthetic cells say model_source random_init
-    assert "spark (local) and determined (local) ran in modes that do not measure" in texts[3]
+    assert "random weights" in texts[3]  # the synthetic cells say model_source random_init
+    assert "spark (local) and determined (local) ran in modes that do not measure" in texts[4]
     assert not [f for f in verdict.findings if f.kind in ("failed", "regressed", "regression")]
     lead = verdict.as_json()["lead"]
     assert lead == ("What this run found (each cell's total wall time, one repeat: no intervals, so gaps of a "

@@ -222,13 +222,12 @@ def _projection_finding(summary: RunSummary, told: list[tuple[str, list[Aggregat
     parts += _joined(pieces, "; ") + [(".", False)]
     ends = fixed_range([a for _, aggs in told for a in aggs])
     if ends:
-        low, high = ends
-        parts += _say(" Fixed costs (provision, launch, teardown) stay under {pct} % of the total from "
-                      "{lo:,.0f} reviews x epochs ({lb}, {lw} worker{ls}) to {hi:,.0f} ({hb}, {hw} worker{hs}).",
-                      pct=FIXED_PERCENT, lo=low.projection.fixed_under_5pct_sample_epochs, lb=str(low.backend),
-                      lw=low.workers, ls="s" if low.workers != 1 else "",
-                      hi=high.projection.fixed_under_5pct_sample_epochs, hb=str(high.backend), hw=high.workers,
-                      hs="s" if high.workers != 1 else "")
+        low, high = (_say("{n:,.0f} reviews x epochs ({b}, {w} worker{s})", b=str(a.backend), w=a.workers,
+                          n=a.projection.fixed_under_5pct_sample_epochs, s="s" if a.workers != 1 else "")
+                     for a in ends)
+        parts += _say(" The fixed cost (provision, launch, teardown) stays under {pct} % of the total from ",
+                      pct=FIXED_PERCENT) + low + ([(" to ", False)] + high if ends[0] is not ends[1] else [])
+        parts += [(".", False)]
     return Finding("projection", parts)
 
 

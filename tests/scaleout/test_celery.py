@@ -62,4 +62,6 @@ def test_celery_worker_runs_the_benchmark_dag(tmp_path):
     assert cell["status"] == "ok" and cell["world_size"] == 1 and cell["test_samples"] == 100
     assert len(cell["epochs"]) == 1 and 0 < cell["epochs"][0]["train_loss"] < 5
     assert (artifacts / "run" / "report" / "summary.json").exists()
-    assert wall < 300, f"the Celery check took {wall:.0f}s (budget 300s)"
+    # Its time is a figure, not a check, on a shared machine (bench/RESULTS.md, "Tests and CI"); the
+    # subprocess's 420-s limit above only ends a hung run.
+    print(f"\nCelery check: {wall:.0f} s wall")
