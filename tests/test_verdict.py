@@ -80,8 +80,9 @@ def test_a_normal_run_names_the_fastest_the_overheads_with_their_phase_and_parit
             in texts[2])
     unders = {k: p.fixed_under_5pct_sample_epochs for k, p in projected.items()}
     low, high = min(unders, key=unders.get), max(unders, key=unders.get)
-    assert (f"Fixed costs (provision, launch, teardown) stay under 5 % of the total from {unders[low]:,.0f} "
-            f"reviews x epochs ({low.split('-')[0]}, ") in texts[2] and f"to {unders[high]:,.0f} (" in texts[2]
+    assert (f"The fixed cost (provision, launch, teardown) stays under 5 % of the total from {unders[low]:,.0f} "
+            f"reviews x epochs ({low.split('-')[0]}, ") in texts[2]
+    assert f" to {unders[high]:,.0f} reviews x epochs ({high.split('-')[0]}, " in texts[2]
     assert texts[3].startswith(f"Accuracy is at parity: at each setting the platforms' median test accuracies "
                                f"are within {PARITY_POINTS:g} points of each other")
     assert "random weights" in texts[3]  # the synthetic cells say model_source random_init
@@ -132,9 +133,11 @@ def test_small_and_broken_runs_still_read_well(make_config, shape):
     if shape == "one platform, one worker":
         total = results["ddp-w1-r0"].total_seconds
         assert texts[0] == f"At 1 worker, ddp (the only platform) took {total:.2f} s total."
-        assert texts[1].startswith("Accuracy: one platform per worker count, so no parity to check; median test "
+        assert texts[1].startswith("Projected to the study's job") and texts[1].endswith("(ddp, 1 worker).")
+        assert " to " not in texts[1].split("stays under")[1]  # one platform: no range
+        assert texts[2].startswith("Accuracy: one platform per worker count, so no parity to check; median test "
                                    f"accuracy {results['ddp-w1-r0'].test.accuracy:.4f} (ddp at 1 worker).")
-        assert len(texts) == 2
+        assert len(texts) == 3
     else:
         assert texts[0] == "No cell finished, so there is nothing to compare."
         assert texts[1].startswith("2 cells failed: ddp-w1-r0 \u2014 ddp: worker exited with code 1")

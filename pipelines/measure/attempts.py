@@ -64,11 +64,10 @@ def checkpoint_state(cell: CellPaths) -> tuple[int, float | None]:
         complete = path.with_name(path.name + ".sha256").exists()  # its checksum is written last
         if match and complete and int(match.group(1)) >= best:
             best, mtime = int(match.group(1)), path.stat().st_mtime
-    if cell.determined_marker.exists():  # Determined's own checkpoints: our marker follows them
-        marker = json.loads(cell.determined_marker.read_text())
-        epochs = len(marker.get("record", {}).get("history", []))
+    if cell.platform_checkpoint.exists():  # a platform's own checkpoints (Determined's): its marker follows them
+        epochs = int(json.loads(cell.platform_checkpoint.read_text()).get("epochs", 0))
         if epochs >= best:
-            best, mtime = epochs, cell.determined_marker.stat().st_mtime
+            best, mtime = epochs, cell.platform_checkpoint.stat().st_mtime
     return best, mtime
 
 

@@ -114,20 +114,8 @@ class CellPaths:
         return self.root / "mlflow_run.json"
 
     @property
-    def determined(self) -> Path:  # Determined's own storage (XDG_DATA_HOME) and marker
-        return self.root / "determined"
-
-    @property
-    def determined_marker(self) -> Path:
-        return self.determined / "latest.json"
-
-    @property
-    def determined_experiment(self) -> Path:  # the experiment config the adapter hands the trial
-        return self.determined / "experiment.json"
-
-    @property
-    def determined_workdir(self) -> Path:  # Determined copies the cwd into every checkpoint
-        return self.determined / "code"
+    def platform_checkpoint(self) -> Path:  # a platform keeping its own checkpoints: {"epochs": N} of its newest
+        return self.root / "platform_checkpoint.json"
 
 
 @dataclass(frozen=True)

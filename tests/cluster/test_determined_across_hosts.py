@@ -18,6 +18,7 @@ from types import SimpleNamespace
 import pytest
 import torch.distributed.run as torchrun
 
+from pipelines.platforms.determined import storage
 from pipelines import platforms
 from pipelines.cluster import why_unavailable
 from pipelines.runfolder.paths import RunPaths
@@ -65,7 +66,7 @@ def test_the_launch_is_ddps_torchrun_with_determineds_chief_on_host0(tmp_path, i
     backend.launch_on_hosts(spec, 12.5, hosts)
 
     assert seen["hosts"] == hosts and len(seen["cmds"]) == 2
-    workdir = str(spec.cell.determined_workdir)
+    workdir = str(storage.workdir(spec.cell))
     for node, cmd in enumerate(seen["cmds"]):
         assert cmd[:3] == ["env", "-C", workdir]  # Determined copies the cwd into its checkpoints
         args = torchrun.get_args_parser().parse_args(cmd[6:])

@@ -35,6 +35,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from pipelines.platforms.determined import storage
 from pipelines.platforms.contract import TrainingBackend
 from pipelines.training.cell import CellSpec
 from pipelines.config import BenchmarkConfig, TrainingStrategy
@@ -169,7 +170,7 @@ class DeterminedBackend(TrainingBackend):
         records = len(read_token_split(spec.paths.token_split("train"))[2])
         conf = experiment_config(spec.config, spec.world_size, spec.cell_dir, launch_time, records)
         validate_experiment_config(conf)
-        atomic_write_json(spec.cell.determined_experiment, conf)  # the trial reads it
+        atomic_write_json(storage.experiment(spec.cell), conf)  # the trial reads it
         return conf
 
     def launch(self, spec: CellSpec, launch_time: float) -> None:
@@ -179,7 +180,7 @@ class DeterminedBackend(TrainingBackend):
             submit_experiment(conf, cfg.engine("determined").master)
             return
         # Determined copies the working directory into every checkpoint: run in an empty one.
-        workdir = spec.cell.determined_workdir
+        workdir = storage.workdir(spec.cell)
         workdir.mkdir(parents=True, exist_ok=True)
         # one node: across machines Determined's master schedules the slots (or hosts=, launch_on_hosts)
         cmd = worker_command(cfg, spec.world_size, spec.cell_dir, launch_time, module=TRIAL_MODULE)
@@ -192,7 +193,7 @@ class DeterminedBackend(TrainingBackend):
         Determined's chief on host 0; writes the cell's ``placements.json``."""
         per_host = host_nproc(spec.world_size, len(hosts))
         self._prepare(spec, launch_time)
-        workdir = spec.cell.determined_workdir
+        workdir = storage.workdir(spec.cell)
         workdir.mkdir(parents=True, exist_ok=True)
         rdzv_port, *zmq_ports = free_ports_on(hosts[0], 3)  # distinct: bound at once
         cmds = host_torchrun_commands(spec.world_size, spec.cell_dir, launch_time, hosts, rdzv_port,

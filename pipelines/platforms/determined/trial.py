@@ -47,6 +47,7 @@ import determined.pytorch  # noqa: F401  (`import determined` alone does not exp
 import torch
 from determined import pytorch as dtorch
 
+from pipelines.platforms.determined import storage
 from pipelines.runfolder.fileio import atomic_write_json
 from pipelines.runfolder.paths import CellPaths
 from pipelines.training import strategies
@@ -66,7 +67,7 @@ log = logging.getLogger("pipelines.training.determined")
 
 def read_marker(cell: CellPaths) -> dict | None:
     """Rank 0's marker: the newest Determined checkpoint uuid and the training record."""
-    path = cell.determined_marker
+    path = storage.marker(cell)
     return json.loads(path.read_text()) if path.exists() else None
 
 
@@ -132,7 +133,9 @@ class EpochRecorder(dtorch.PyTorchCallback):
         if self.record.is_open("checkpoint"):
             self.record.end("checkpoint")
         if self.is_main:
-            atomic_write_json(self.cell.determined_marker, {"uuid": uuid, "record": self.record.state()})
+            atomic_write_json(storage.marker(self.cell), {"uuid": uuid, "record": self.record.state()})
+            # what the attempts' book-keeping reads of a platform's own checkpoints (any platform's)
+            atomic_write_json(self.cell.platform_checkpoint, {"epochs": self.record.epochs_done})
         if self.epoch_ended is not None:
             self.epoch_ended(self.record.epochs_done)
 
@@ -252,11 +255,11 @@ def main(cell_dir: str, launch_time: float) -> None:
         # several nodes: the other nodes' ranks reach the chief's ZMQ server at this address
         chief_ip = os.environ.get("DET_CHIEF_IP") or os.environ.get("MASTER_ADDR")
         distributed = det.core.DistributedContext.from_torch_distributed(chief_ip=chief_ip)
-        os.environ["XDG_DATA_HOME"] = str(spec.cell.determined)  # checkpoint storage
+        os.environ["XDG_DATA_HOME"] = str(storage.folder(spec.cell))  # checkpoint storage
     marker = read_marker(spec.cell)
     if marker:
         allow_numpy_rng_globals()
-    exp_conf = json.loads(spec.cell.determined_experiment.read_text())
+    exp_conf = json.loads(storage.experiment(spec.cell).read_text())
     with dtorch.init(hparams=exp_conf["hyperparameters"], exp_conf=exp_conf,
                      distributed=distributed, enable_tensorboard_logging=False) as context:
         trial = BenchmarkTrial(context, launch_time)
@@ -265,7 +268,7 @@ def main(cell_dir: str, launch_time: float) -> None:
                     validation_period=dtorch.Epoch(1), reporting_period=dtorch.Batch(sys.maxsize),
                     checkpoint_policy="none", latest_checkpoint=marker["uuid"] if marker else None)
         last = read_marker(spec.cell) if trial.env.is_main else None  # rank 0 wrote it
-        ckpt_path = spec.cell.determined / "determined" / last["uuid"] if last else None
+        ckpt_path = storage.folder(spec.cell) / "determined" / last["uuid"] if last else None
         trial.process.finish(  # every rank: its device and host; rank 0: test, export, result
             trial.raw_model, model_source=trial.model_source, test_set=trial.test_set,
             train_samples=len(trial.train_set), checkpoint_path=str(ckpt_path) if ckpt_path else None,
