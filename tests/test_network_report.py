@@ -111,7 +111,8 @@ def test_report_has_a_network_section(network_run):
     section = md.split("## Network")[1].split("\n## ")[0]
     assert "| ddp | default | 2 | 100mbit | 100 Mbit/s |" in section
     assert "Break-even bandwidth" in section and "pays off at every measured network" in section
-    assert len([ln for ln in section.splitlines() if ln.startswith("| ddp |")]) == 9 + 2
+    # two narrow tables (times; bytes per step) of 9 rows each, and the break-even table's 2
+    assert len([ln for ln in section.splitlines() if ln.startswith("| ddp |")]) == 9 * 2 + 2
     assert len(network_rows(summary)) == 9  # 1-worker cells use no link
     comparison = md.split("## Comparison")[1].split("\n## ")[0]
     header = [c.strip() for c in comparison.splitlines()[4].strip("|").split("|")]  # the time table
@@ -124,6 +125,33 @@ def test_report_has_a_network_section(network_run):
     plots = [p for p in out["plots"] if p.endswith("network.png")]
     assert len(plots) == 1 and paths.plot("network").read_bytes()[:4] == b"\x89PNG"
     assert "<img" in paths.report_html.read_text()
+
+
+def test_link_bytes_per_step_and_true_host_counts_for_every_platform(make_config):
+    """Every platform's link bytes per step, all traffic and the training steps alone ("not measured"
+    where its loop does not read the counters); the cluster's hosts counted, not the driver's."""
+    from pipelines.report.network import NETWORK_COLUMNS
+
+    config = make_config(backends=["ddp", "determined"], worker_counts=[2], networks=["1gbit"],
+                         **{"cluster.kind": "emulated"})
+    paths, results = write_synthetic_run(config)
+    ddp = results["ddp-1gbit-w2-r0"]
+    ddp.model_copy(update={"link_bytes_per_train_step": 0.9 * ddp.link_bytes_per_step}).write(
+        paths.cell("ddp", 2, 0, network="1gbit").result)
+    summary = evaluate_run(config, paths)
+    rows = {r[0]: dict(zip(NETWORK_COLUMNS, r)) for r in network_rows(summary)}
+    for backend in ("ddp", "determined"):
+        assert float(rows[backend]["link MB/step (all traffic)"]) == round(
+            results[f"{backend}-1gbit-w2-r0"].link_bytes_per_step / 2**20, 3) > 0
+    assert float(rows["ddp"]["link MB/training step"]) == round(0.9 * ddp.link_bytes_per_step / 2**20, 3)
+    assert rows["determined"]["link MB/training step"] == "not measured"
+
+    assert summary.hardware.cluster_hosts == ["h0", "h1"] and summary.hardware.hosts == ["bench-host"]
+    assert summary.hardware.hardware_class.endswith("; 2 host(s) (emulated)")
+    build_report(config, paths)
+    md = paths.report_markdown.read_text()
+    assert "- Cluster: 2 emulated host(s), h0, h1; the driver ran on bench-host" in md
+    assert f"Hardware here: {summary.hardware.hardware_class}." in md
 
 
 def test_network_values_are_escaped(network_run):

@@ -28,7 +28,7 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Annotated, Any
 
 BUILTIN = ("ddp", "spark", "determined", "ray")  # the project's platform packages, in this folder
 PLUGINS_ENV = "BENCHMARK_PLATFORMS"
@@ -186,16 +186,17 @@ def process_kind_rules() -> list[tuple[str, str]]:
     return [rule for p in all_platforms() for rule in p.process_kinds]
 
 
-class PlatformName(str):
-    """Pydantic type of a field holding a registered platform's name: validated by the registry,
-    stored and serialized as a plain ``str`` (never an instance of this class)."""
+class _RegisteredName:
+    """Pydantic schema of a registered platform's name: a ``str`` checked by the registry, with
+    the registered names as the JSON schema's enum (read when the schema is built)."""
 
-    @classmethod
-    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
+    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> Any:
         from pydantic_core import core_schema
 
         return core_schema.no_info_after_validator_function(check_name, core_schema.str_schema())
 
-    @classmethod
-    def __get_pydantic_json_schema__(cls, schema: Any, handler: Any) -> dict:
+    def __get_pydantic_json_schema__(self, schema: Any, handler: Any) -> dict:
         return {"type": "string", "enum": names()}
+
+
+PlatformName = Annotated[str, _RegisteredName()]  # a config field holding a platform's name
