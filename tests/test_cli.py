@@ -41,6 +41,8 @@ def test_run_then_rereport_into_a_fresh_store(tmp_path, imdb_dir, bert_tiny_dir)
     run_dir = out / "cli-run"
     result = json.loads((RunPaths(run_dir).cell("ddp", 1, 0).result).read_text())
     assert result["status"] == "ok" and len(result["epochs"]) == 1
+    # nothing of the run beside the timed cell: the data stage's JVM ended with its step
+    assert result["resources"]["run_processes_outside"] == {}, result["resources"]
     summary = json.loads((run_dir / "report" / "summary.json").read_text())
     assert summary["aggregates"][0]["key"] == "ddp-w1"
     assert (out / "mlflow.db").exists() and not (tmp_path / "mlruns").exists()  # never a cwd store

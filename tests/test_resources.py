@@ -276,3 +276,27 @@ def test_mlflow_and_tensorboard_get_the_figures_and_the_timeline(make_config, tm
     series = [(s.step, s.value) for s in events.Scalars("resources/platform_rss_mb")]
     assert series == [(i, pytest.approx(row["platform_rss_mb"])) for i, row in enumerate(timeline)]
     assert events.Scalars("resources/peak_rss_mb")[0].value == pytest.approx(result.resources.peak_rss_mb)
+
+
+@pytest.mark.slow
+def test_a_process_of_the_run_left_beside_a_cell_is_named(tmp_path, imdb_dir, bert_tiny_dir, make_config):
+    """The check is not blind: a process started under the driver before the cell, alive through
+    it (as the data stage's JVM was), is reported by kind; the cell's own processes are not."""
+    from pipelines.config import save_config
+    from pipelines.run.cells import run_cell
+    from pipelines.runfolder.paths import RunPaths
+    from tests.token_shards import write_token_shards
+
+    config = make_config(backends=["ddp"], worker_counts=[1], epochs=1, max_seq_len=32)
+    paths = write_token_shards(RunPaths(Path(config.tracking.output_root) / "outside"), imdb_dir, bert_tiny_dir,
+                               train_per_class=24, test_per_class=12, seq_len=32, seed=5)
+    save_config(config, paths.config)
+    leftover = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        result = run_cell(config, paths, "ddp", 1, 0)
+    finally:
+        leftover.kill()
+        leftover.wait()
+    usage = result.resources
+    assert result.status == "ok" and usage.run_processes_outside == {"python": 1}, usage
+    assert usage.outside_cpu_seconds is not None and 0 <= usage.outside_cpu_share <= 1

@@ -38,7 +38,7 @@ from pipelines.data.manifest import SNAPSHOT_SPLITS
 from pipelines.data.validate import require_valid_snapshot
 from pipelines.runfolder.paths import RunPaths
 from pipelines.engines.spark_cluster import master_url
-from pipelines.engines.spark_session import get_spark
+from pipelines.engines.spark_session import get_spark, stop_spark
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +142,7 @@ def preprocess(config: BenchmarkConfig, paths: RunPaths) -> dict:
         os.replace(tmp, paths.tokens)  # both splits appear together or not at all
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        stop_spark(jvm=True)  # no JVM of the data stage stays beside the timed cells that follow
     log.info("tokenized %s rows in %.1f s (%.0f rows/s)",
              stats["rows"], stats["seconds"], stats["rows_per_second"])
     return stats

@@ -40,8 +40,10 @@ def _same_master(running: str, wanted: str) -> bool:
     return running == wanted or (running.startswith("local") and wanted.startswith("local"))
 
 
-def stop_spark() -> None:
-    """Stop this process's SparkSession (and its JVM-side context), if one runs."""
+def stop_spark(jvm: bool = False) -> None:
+    """Stop this process's SparkSession (and its JVM-side context), if one runs; ``jvm``: also end
+    the driver's JVM (py4j's gateway process), so nothing of it stays beside what runs next (a
+    timed cell): the next session starts a new one."""
     import sys as _sys
 
     if "pyspark" not in _sys.modules:
@@ -49,14 +51,30 @@ def stop_spark() -> None:
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
-    if SparkContext._active_spark_context is None:
-        return
+    if SparkContext._active_spark_context is not None:
+        try:
+            SparkSession.builder.getOrCreate().stop()
+        except Exception:  # the JVM is already gone (killed with the cell): drop the Python side only
+            SparkContext._active_spark_context = None
+            SparkSession._instantiatedSession = None
+    if jvm and SparkContext._gateway is not None:
+        _end_gateway(SparkContext)
+
+
+def _end_gateway(context_class) -> None:
+    """Close py4j's gateway: its JVM exits when its stdin closes (PySpark's own design)."""
+    from pipelines.cluster.processes import stop_tree
+
+    gateway, context_class._gateway, context_class._jvm = context_class._gateway, None, None
     try:
-        SparkSession.builder.getOrCreate().stop()
-    except Exception:  # the JVM is already gone (killed with the cell): drop the Python side only
-        SparkContext._active_spark_context = None
-        SparkSession._instantiatedSession = None
-        SparkSession._activeSession = None
+        gateway.shutdown()
+    except Exception:  # already gone
+        pass
+    proc = getattr(gateway, "proc", None)
+    if proc is not None:
+        if proc.stdin:
+            proc.stdin.close()
+        stop_tree([proc], grace_s=10.0)
 
 
 def get_spark(master: str = "local[*]", app_name: str = "pipelines", conf: dict[str, str] | None = None,

@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipelines.measure.outside import host_busy_seconds, outside_figures, run_processes_outside
 from pipelines.runfolder.fileio import atomic_write_json
 from pipelines.runfolder.paths import CellPaths
 from pipelines.runfolder.results import HostUsage, ResourceUsage
@@ -216,12 +217,16 @@ class Sampler:
         self._own_ns, self._gpu = _netns(self.me), shutil.which("nvidia-smi") is not None
         self._stop, self._thread, self._failures = threading.Event(), None, 0
         self._sampler_cpu, self._usage, self._gpus = 0.0, None, 0
+        self._busy: list[float | None] = []  # the machine's busy CPU seconds at the start and the end
+        self._before_kinds: dict[int, tuple[int, str]] = {}  # the run's processes before the cell
+        self._outside: dict[str, int] = {}
 
     def start(self) -> Sampler:
         try:
             shutil.rmtree(self.cell_dir / RANKS_DIR, ignore_errors=True)  # an earlier attempt's ranks
             self._marks.append({h.name: _host_marks(h, True, self.notes) for h in self.hosts})
             self.started = time.time()
+            self._busy.append(host_busy_seconds())
             self._safe_sample()
             self._thread = threading.Thread(target=self._run, name="resources-sampler", daemon=True)
             self._thread.start()
@@ -235,6 +240,8 @@ class Sampler:
             self._thread.join(timeout=30)
         try:
             self._safe_sample()
+            self._busy.append(host_busy_seconds())
+            self._outside = run_processes_outside(self._before_kinds, _proc_table())
             self.ended = time.time()
             self._marks.append({h.name: _host_marks(h, False, self.notes) for h in self.hosts})
             self._usage, rows = self._compute()
@@ -276,6 +283,7 @@ class Sampler:
                     stack.extend(children.get(pid, ()))
         if not self._samples:  # the first pass: what already ran under this process is not the cell's
             self._before = {p for p, ours in out.items() if ours and p != self.me}
+            self._before_kinds = {p: (table[p][3], _kind_of(p, table[p][1])) for p in self._before}
         where = {p: DRIVER for p in out if p not in self._before}
         for h in self.hosts:
             procs = _cgroup(h, "cgroup.procs")
@@ -375,7 +383,8 @@ class Sampler:
             bytes_sent=sum(m[0] for m in moved) if moved else None,
             bytes_received=sum(m[1] for m in moved) if moved else None, gpus=self._gpus or None,
             gpu_utilisation_mean=sum(g[0] for g in gpu) / len(gpu) if gpu else None,
-            gpu_peak_memory_mb=max((g[1] for g in gpu), default=None)), timeline
+            gpu_peak_memory_mb=max((g[1] for g in gpu), default=None), run_processes_outside=self._outside,
+            **outside_figures(*(self._busy + [None, None])[:2], cpu, wall, os.cpu_count() or 1)), timeline
 
 
 @contextmanager

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Annotated, Any
 
-BUILTIN = ("ddp", "spark", "determined", "ray")  # the project's platform packages, in this folder
+BUILTIN = ("ddp", "spark", "determined", "ray", "deepspeed")  # the project's platform packages, in this folder
 PLUGINS_ENV = "BENCHMARK_PLATFORMS"
 _REGISTRY: dict[str, "Platform"] = {}
 _builtins_loaded = False

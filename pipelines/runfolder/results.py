@@ -126,6 +126,12 @@ class ResourceUsage(BaseModel):
     gpu_utilisation_mean: float | None = None  # percent, mean over samples and GPUs (device-wide)
     gpu_peak_memory_mb: float | None = None  # largest sum over GPUs of memory used (device-wide)
     per_host: dict[str, HostUsage] = Field(default_factory=dict)  # hosts + "driver"; empty locally
+    # beside the cell (pipelines.measure.outside): the run's processes that ran before the cell under
+    # its driver and stayed alive through it (kind -> count; nothing of the run should), and the
+    # host's CPU that processes outside the cell used during the window (share of all its cores)
+    run_processes_outside: dict[str, int] = Field(default_factory=dict)
+    outside_cpu_seconds: float | None = None
+    outside_cpu_share: float | None = None
     notes: list[str] = Field(default_factory=list)  # what was not measured, and why
 
 

@@ -188,6 +188,14 @@ class TorchDistributed:
         """Extra keyword arguments for the loop's ``torch.optim.AdamW`` (e.g. ``{"fused": True}``)."""
         return {}
 
+    def runtime(self, strategy, env: DistEnv, class_counts):
+        """The cell's strategy runtime for this rank (``pipelines.training.runtime.runtime_for``); a
+        framework that shards the model itself (DeepSpeed ZeRO-3: padded evaluation, the final
+        model gathered on rank 0) returns its own ``Replicated`` subclass."""
+        from pipelines.training.runtime import runtime_for
+
+        return runtime_for(strategy, self, env, class_counts)
+
     def engine(self, env: DistEnv) -> TorchEngine:
         """Who runs backward, the optimizer and scheduler steps and the checkpoint's state
         (``pipelines.training.engine``): plain torch by default; a framework whose engine owns

@@ -52,7 +52,7 @@ from pipelines.training.model import build_model
 from pipelines.training.outcome import step_link_bytes
 from pipelines.training.process import RankProcess
 from pipelines.training.record import TrainingRecord
-from pipelines.training.runtime import Replicated, runtime_for
+from pipelines.training.runtime import Replicated
 from pipelines.training.steps import (build_optimizer, eval_loader, evaluate, load_split, train_class_counts,
                                       train_loader, train_step)
 
@@ -142,7 +142,7 @@ def _prepare(process: RankProcess, distributed: TorchDistributed) -> _Run:
     validation_set = load_split(spec.paths, "validation")  # per-epoch eval, time-to-target
     model, model_source = build_model(cfg.training.model_source, cfg.training.seed, spec.num_labels)  # same on every rank
     model.to(env.device)
-    runtime = runtime_for(cfg.strategy(), distributed, env, lambda: train_class_counts(spec))
+    runtime = distributed.runtime(cfg.strategy(), env, lambda: train_class_counts(spec))
     engine = distributed.engine(env)
     loader = runtime.prepare_loader(train_loader(train_set, cfg, env, runtime.counts))
     held_out = eval_loader(validation_set, cfg.training.batch_size, env)

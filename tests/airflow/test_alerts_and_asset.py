@@ -119,6 +119,10 @@ def test_regression_alarm_mails_through_airflow_and_the_asset_event_is_emitted(
     assert done.returncode != 0, "the regression must fail the run"
 
     [run_dir] = [p for p in out.iterdir() if p.name != baseline and (p / "config.json").exists()]
+    # nothing of the run beside the timed cell: the data stage's JVM (in this same dags-test process)
+    # ended with its step (pipelines.measure.outside)
+    usage = json.loads((run_dir / "cells" / "ddp-w1-r0" / "result.json").read_text())["resources"]
+    assert usage["run_processes_outside"] == {} and usage["outside_cpu_share"] is not None, usage
     regression = json.loads((run_dir / "report" / "regression.json").read_text())
     assert regression["status"] == "failed" and regression["baseline_run_name"] == baseline
     with sqlite3.connect(home / "airflow.db") as db:

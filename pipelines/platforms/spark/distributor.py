@@ -119,7 +119,7 @@ def run_distributor(spec: CellSpec, launch_time: float, train: TrainStep, master
         log.info("TorchDistributor(%s) on %s", settings, master)
         train(spark, TorchDistributor(**settings), spec, launch_time)
     finally:
-        stop_spark()
+        stop_spark(jvm=True)  # the driver's JVM ends with the cell: nothing of it beside the next one
 
 
 def platform_fields(spec: CellSpec, hosts: int | None = None) -> dict:

@@ -1,0 +1,175 @@
+"""DeepSpeed's training process: the shared loop in one rank, started by DeepSpeed's launcher.
+
+    deepspeed --num_gpus 2 --no_local_rank --module pipelines.platforms.deepspeed.worker \\
+        --cell-dir runs/<id>/cells/deepspeed-w2-r0 --launch-time <epoch s>
+
+The launcher (``deepspeed.launcher.launch``, one per node) sets RANK / WORLD_SIZE / LOCAL_RANK,
+MASTER_ADDR / MASTER_PORT and LOCAL_SIZE (its name for the local world size). The loop runs as
+under every platform (same model, data, seed, phases, checkpoints and result file) with this
+seam (``pipelines.training.distributed``):
+
+- ``DeepSpeedDistributed``: the process group joined by torch (gloo on CPU, NCCL on GPU) and
+  handed to ``deepspeed.init_distributed``; the model left unwrapped (no DDP: DeepSpeed reduces
+  the gradients); the engine is ``pipelines.platforms.deepspeed.engine.DeepSpeedEngine``;
+- ``ZeroRuntime``: the strategy's runtime with what ZeRO-3 changes (as FSDP does): every rank
+  runs as many evaluation forwards as the rank with the largest share (each forward all-gathers
+  the parameters), and the final model is gathered onto rank 0 for its test and export;
+- ``CommsLoggerTimer``: the "communication" phase and the bytes per step from DeepSpeed's comms
+  logger (every collective DeepSpeed issues, its latency and message size; the ops of the
+  epoch's evaluation and checkpoint are dropped at the epoch's end).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from pipelines.training.cell import CellSpec
+from pipelines.training.distributed import DistEnv, TorchDistributed
+from pipelines.training.phases import CommTimer
+from pipelines.training.runtime import Replicated
+
+log = logging.getLogger("pipelines.training")
+
+
+def comms_logger():
+    """DeepSpeed's process-wide comms logger (``deepspeed.comm``)."""
+    from deepspeed.comm import comm as ds_comm
+
+    return ds_comm.comms_logger
+
+
+class CommsLoggerTimer(CommTimer):
+    """``take()``: seconds DeepSpeed's collectives took since the last call (the comms logger's
+    latencies); also counts their message bytes and drops what it read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bytes = 0
+
+    def _drain(self) -> tuple[float, int]:
+        logger = comms_logger()
+        seconds, size = 0.0, 0
+        for sizes in logger.comms_dict.values():
+            for msg_size, (count, latencies, *_) in sizes.items():
+                seconds += sum(latencies) / 1000.0
+                size += int(msg_size) * int(count)
+        logger.reset_data()
+        return seconds, size
+
+    def take(self) -> float:
+        seconds, size = self._drain()
+        self.bytes += size
+        return seconds + super().take()
+
+    def discard(self) -> None:
+        """Forget what was logged since the last ``take`` (evaluation, checkpoint, set-up)."""
+        self._drain()
+
+
+class ZeroRuntime(Replicated):
+    """The loop's runtime for DeepSpeed: ZeRO-3 shards the parameters (see the module docstring)."""
+
+    def __init__(self, strategy, distributed: DeepSpeedDistributed, env: DistEnv,
+                 class_counts: Callable[[], list[int]], zero_stage: int) -> None:
+        super().__init__(strategy, distributed, env, class_counts)
+        self.zero_stage = zero_stage
+        self.sharded = zero_stage == 3 and env.world_size > 1
+
+    def eval_batches(self, rows: int, batch_size: int) -> int | None:
+        if not self.sharded:
+            return None
+        return math.ceil(math.ceil(rows / self.env.world_size) / batch_size)
+
+    def final_model(self, model: torch.nn.Module, rebuild: Callable[[], torch.nn.Module]) -> torch.nn.Module:
+        """ZeRO-3: the parameters gathered (a collective: every rank), one full copy on rank 0."""
+        if not self.sharded:
+            return model
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None):
+            full = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()} if self.env.is_main else None
+        if not self.env.is_main:
+            return model
+        copy = rebuild()
+        copy.load_state_dict(full)
+        return copy.to(self.env.device)
+
+    @property
+    def comm_bytes_per_step(self) -> float | None:
+        """Bytes of DeepSpeed's collectives per training step, this rank (the comms logger's sizes)."""
+        steps = self.hooks.steps if self.hooks is not None else 0
+        timer = self.distributed.comm_timer
+        if not steps or self.env.world_size == 1 or not timer.bytes:
+            return None
+        return timer.bytes / steps
+
+
+class DeepSpeedDistributed(TorchDistributed):
+    """DeepSpeed's launcher environment, its process group and engine; no DDP wrapper."""
+
+    def __init__(self, spec: CellSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self.settings = spec.config.engine("deepspeed")
+        self.comm_timer = CommsLoggerTimer()
+
+    def ranks(self) -> tuple[int, int, int, int | None]:
+        """The launcher's RANK / WORLD_SIZE / LOCAL_RANK, and LOCAL_SIZE as the local world size."""
+        rank, world, local_rank, local_world = super().ranks()
+        local_size = os.environ.get("LOCAL_SIZE")
+        return rank, world, local_rank, int(local_size) if local_size else local_world
+
+    def setup(self) -> DistEnv:
+        env = super().setup()  # the device, CPU cores, and torch's group (gloo / NCCL) when world > 1
+        import deepspeed
+
+        had_group = dist.is_initialized()
+        deepspeed.init_distributed(dist_backend="nccl" if env.device.type == "cuda" else "gloo",
+                                   verbose=env.is_main)
+        self.created_group = self.created_group or (not had_group and dist.is_initialized())
+        logging.getLogger("DeepSpeed").setLevel(logging.WARNING)  # its config dumps: the cell's log stays readable
+        return env
+
+    def wrap_model(self, model: torch.nn.Module, env: DistEnv) -> torch.nn.Module:
+        """The model itself: ``deepspeed.initialize`` (the engine's ``attach``) wraps it."""
+        return model
+
+    def runtime(self, strategy, env: DistEnv, class_counts) -> ZeroRuntime:
+        return ZeroRuntime(strategy, self, env, class_counts, self.settings.zero_stage)
+
+    def engine(self, env: DistEnv):
+        from pipelines.platforms.deepspeed.engine import DeepSpeedEngine, ds_config
+
+        config = ds_config(self.spec.config.training.batch_size, env.world_size, self.settings.zero_stage,
+                           self.settings.offload)
+        engine = DeepSpeedEngine(config, env.is_main)
+        engine.after_attach = self.comm_timer.discard  # initialize's broadcasts are no training step's
+        return engine
+
+    def on_epoch_end(self, env: DistEnv, epoch: int, checkpoint_path: str | None, metrics: dict) -> None:
+        self.comm_timer.discard()  # the evaluation's and checkpoint's collectives
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cell-dir", required=True)
+    parser.add_argument("--launch-time", type=float, required=True,
+                        help="time.time() when the adapter started; start-up is measured from it")
+    args = parser.parse_args(argv)
+    from pipelines.training.loop import run_training
+    from pipelines.training.process import setup_logging
+
+    setup_logging()
+    spec = CellSpec.read(args.cell_dir)
+    run_training(spec, args.launch_time, distributed=DeepSpeedDistributed(spec))
+
+
+if __name__ == "__main__":
+    main()
