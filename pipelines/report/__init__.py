@@ -1,7 +1,9 @@
 """The comparison report (report.md, report.html, PNG plots and verdict.json under the run's ``report/``);
 re-run it on a finished run folder: python -c "from pipelines.run.stages import report; print(report('runs/<run>'))"
 verdict: the opening sentences (what the run found); tables: rows and platform texts; plots: the PNGs;
-study: beside the published study; network: the Network section (runs across hosts); render: the pages.
+study: beside the published study; projection: each platform's total projected to the study's job (or
+``tracking.projected_job``), fixed versus per-epoch; network: the Network section (runs across hosts);
+render: the pages.
 Section order (render.render_markdown): Verdict, Comparison (time, quality, throughput/cost tables),
 then "What each platform costs" (costs.py: render_markdown's ``costs``), strategies, network, study,
 phases, setup, ..."""

@@ -81,7 +81,8 @@ def projection_lines(summary: RunSummary) -> list[str]:
     rows = projection_rows(summary)
     title = f"Projected to {job_text(summary.job)}, at this run's measured per-review speed:"
     if not rows:
-        return [title, "", "No finished cell recorded its epochs: nothing to project."]
+        return [title, "", "No platform has a projection (no finished cell with epochs, or a summary written "
+                "before projections existed: evaluate the run again): nothing to project."]
     return [title, "", _md_table(PROJECTION_COLUMNS, rows), "",
             "Each cell's wall time splits into what a job pays once and what it pays per epoch "
             "(`pipelines/run/projection.py`), medians over repeats: fixed = provision + launch + teardown "

@@ -19,7 +19,7 @@ REPORT_FILE_TYPES = {".png": "image/png", ".svg": "image/svg+xml", ".html": "tex
 STATIC_TYPES = {".js": "text/javascript", ".md": "text/markdown", ".css": "text/css"}
 # Columns of the per-cell table built from cells/*/result.json (the shared result contract).
 CELL_COLUMNS = ("cell", "status", "test accuracy", "test F1", "total s", "startup s", "training s",
-                "samples/s", "peak MB")
+                "samples/s", "rank 0 peak MB")
 # summary.json scalars the page does not list: the file format's version, and what the header says.
 HIDDEN_SCALARS = {"version", "run", "profile"}
 DEFAULT_WINDOW = "30d"
@@ -65,7 +65,8 @@ def _cell_row(name: str, data: dict[str, Any]) -> dict[str, Any]:
         "test accuracy": test.get("accuracy"), "test F1": test.get("f1"),
         "total s": data.get("total_seconds"), "startup s": data.get("startup_seconds"),
         "training s": data.get("training_seconds"), "samples/s": data.get("samples_per_second"),
-        "peak MB": data.get("peak_memory_mb"), "error": data.get("error"),
+        # rank 0's own peak (RSS, or CUDA memory allocated); the cell's scopes: the report's costs section
+        "rank 0 peak MB": data.get("peak_memory_mb"), "error": data.get("error"),
     }
 
 
