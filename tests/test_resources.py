@@ -300,3 +300,20 @@ def test_a_process_of_the_run_left_beside_a_cell_is_named(tmp_path, imdb_dir, be
     usage = result.resources
     assert result.status == "ok" and usage.run_processes_outside == {"python": 1}, usage
     assert usage.outside_cpu_seconds is not None and 0 <= usage.outside_cpu_share <= 1
+
+
+def test_the_report_flags_a_cell_with_the_run_or_the_host_busy_beside_it():
+    from pipelines.report.costs import beside_lines
+
+    def usage(**kw):
+        return ResourceUsage(started=0.0, wall_seconds=10.0, interval_s=0.5, samples=20, cpu_seconds=15.0,
+                             peak_rss_mb=800.0, **kw)
+
+    results = {"ddp-w2-r0": make_result("ddp", 2, 0).model_copy(update={"resources": usage(outside_cpu_share=0.01)}),
+               "ray-w2-r0": make_result("ray", 2, 0).model_copy(update={"resources": usage(
+                   run_processes_outside={"java": 1}, outside_cpu_share=0.25)})}
+    text = "\n".join(beside_lines(results))
+    assert "**ray-w2-r0**: the run's processes beside it: java x1; outside CPU 25.0% of the host's cores" in text
+    assert "ddp-w2-r0" not in text and "1.0% to 25.0%" in text
+    results.pop("ray-w2-r0")
+    assert beside_lines(results)[-1] == "No cell flagged."

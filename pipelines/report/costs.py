@@ -18,6 +18,7 @@ from pathlib import Path
 from pipelines.runfolder.paths import cell_name
 from pipelines.report.tables import _md_table, _text, split_table
 from pipelines.measure.resources import read_timeline
+from pipelines.measure.outside import OUTSIDE_SHARE_BOUND
 from pipelines.runfolder.results import CellResult, ResourceUsage
 from pipelines.runfolder.summary import RunSummary
 
@@ -169,6 +170,30 @@ def _method_lines(summary: RunSummary, results_by_cell: dict[str, CellResult]) -
     ]
 
 
+def beside_lines(results_by_cell: dict[str, CellResult]) -> list[str]:
+    """What ran beside each timed cell: the run's own processes left alive through it (nothing
+    should be) and the host's CPU used outside it; a cell over the bound is flagged."""
+    bound = OUTSIDE_SHARE_BOUND
+    lines = [f"A cell is timed alone: no process of the run outside it should be alive during its window, and "
+             f"processes outside it (anything on the host) should use under {bound:.0%} of the host's cores."]
+    flagged = []
+    for name, r in results_by_cell.items():
+        usage = r.resources
+        if usage is None:
+            continue
+        left = ", ".join(f"{k} x{n}" for k, n in sorted(usage.run_processes_outside.items()))
+        share = usage.outside_cpu_share
+        if left or (share is not None and share > bound):
+            flagged.append(f"- **{_text(name)}**: " + "; ".join(filter(None, [
+                f"the run's processes beside it: {_text(left)}" if left else "",
+                f"outside CPU {share:.1%} of the host's cores (over {bound:.0%})" if share and share > bound else ""])))
+    shares = [r.resources.outside_cpu_share for r in results_by_cell.values()
+              if r.resources and r.resources.outside_cpu_share is not None]
+    if shares:
+        lines.append(f"Outside CPU during the cells: {min(shares):.1%} to {max(shares):.1%} of the host's cores.")
+    return lines + (["Flagged:", "", *flagged] if flagged else ["No cell flagged."])
+
+
 def costs_markdown(summary: RunSummary, results_by_cell: dict[str, CellResult], report_dir: Path) -> str:
     """The report's "What each platform costs" section (Markdown, every value escaped), with the
     timelines ``timeline_plots`` wrote into ``report_dir``."""
@@ -181,6 +206,7 @@ def costs_markdown(summary: RunSummary, results_by_cell: dict[str, CellResult], 
     hosts = host_rows(results_by_cell)
     if hosts:
         parts += ["### Per host", *split_table(HOST_COLUMNS, hosts, COST_SECOND, keys=("cell", "host"))]
+    parts += ["### Beside each cell", "\n".join(beside_lines(results_by_cell))]
     parts += ["### How it was measured", "\n".join(_method_lines(summary, results_by_cell))]
     plots = [(name, timeline_file(report_dir, name)) for name in results_by_cell]
     plots = [(name, path) for name, path in plots if path.exists()]

@@ -25,6 +25,7 @@ import argparse
 import logging
 import math
 import os
+from collections import defaultdict
 from collections.abc import Callable
 
 import torch
@@ -38,29 +39,31 @@ from pipelines.training.runtime import Replicated
 log = logging.getLogger("pipelines.training")
 
 
-def comms_logger():
-    """DeepSpeed's process-wide comms logger (``deepspeed.comm``)."""
+def _ds_comm():
+    """``deepspeed.comm.comm``: its comms logger (message sizes) and op timers (latencies)."""
     from deepspeed.comm import comm as ds_comm
 
-    return ds_comm.comms_logger
+    return ds_comm
 
 
 class CommsLoggerTimer(CommTimer):
-    """``take()``: seconds DeepSpeed's collectives took since the last call (the comms logger's
-    latencies); also counts their message bytes and drops what it read."""
+    """``take()``: seconds DeepSpeed's collectives took since the last call; also counts their
+    message bytes. DeepSpeed's comms logger times every op with a named timer of
+    ``deepspeed.comm.comm.timers`` and logs its message size; the latencies it logs are the
+    timer's running total (``elapsed(reset=False)``), so the time is read from the timers
+    themselves (``elapsed(reset=True)``: the sum of the ops since the last read), the sizes from
+    the logger (count x size per op and size)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.bytes = 0
 
     def _drain(self) -> tuple[float, int]:
-        logger = comms_logger()
-        seconds, size = 0.0, 0
-        for sizes in logger.comms_dict.values():
-            for msg_size, (count, latencies, *_) in sizes.items():
-                seconds += sum(latencies) / 1000.0
-                size += int(msg_size) * int(count)
-        logger.reset_data()
+        ds_comm = _ds_comm()
+        seconds = sum(t.elapsed(reset=True) for t in ds_comm.timers.get_timers().values()) / 1000.0
+        size = sum(int(msg_size) * int(entry[0]) for sizes in ds_comm.comms_logger.comms_dict.values()
+                   for msg_size, entry in sizes.items())
+        ds_comm.comms_logger.reset_data()
         return seconds, size
 
     def take(self) -> float:
@@ -71,6 +74,18 @@ class CommsLoggerTimer(CommTimer):
     def discard(self) -> None:
         """Forget what was logged since the last ``take`` (evaluation, checkpoint, set-up)."""
         self._drain()
+
+
+def skip_op_builds() -> None:
+    """Tell DeepSpeed no compiled op is available. This platform uses none (the loop's AdamW, torch's
+    collectives); the one DeepSpeed would otherwise build on a CPU host, at every process group's
+    start, is the shared-memory all-reduce of its inference path (gcc + ninja, about 2 minutes here
+    the first time). DeepSpeed probes its ops once into ``deepspeed.ops.__compatible_ops__`` and
+    keeps edits to that table; this fills it first (no probe, no build)."""
+    import deepspeed.ops
+
+    if "__compatible_ops__" not in vars(deepspeed.ops):
+        deepspeed.ops.__compatible_ops__ = defaultdict(bool)
 
 
 class ZeroRuntime(Replicated):
@@ -130,6 +145,7 @@ class DeepSpeedDistributed(TorchDistributed):
         env = super().setup()  # the device, CPU cores, and torch's group (gloo / NCCL) when world > 1
         import deepspeed
 
+        skip_op_builds()
         had_group = dist.is_initialized()
         deepspeed.init_distributed(dist_backend="nccl" if env.device.type == "cuda" else "gloo",
                                    verbose=env.is_main)
