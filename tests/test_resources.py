@@ -310,10 +310,10 @@ def test_the_report_flags_a_cell_with_the_run_or_the_host_busy_beside_it():
                              peak_rss_mb=800.0, **kw)
 
     results = {"ddp-w2-r0": make_result("ddp", 2, 0).model_copy(update={"resources": usage(outside_cpu_share=0.01)}),
-               "ray-w2-r0": make_result("ray", 2, 0).model_copy(update={"resources": usage(
+               "spark-w2-r0": make_result("spark", 2, 0).model_copy(update={"resources": usage(
                    run_processes_outside={"java": 1}, outside_cpu_share=0.25)})}
     text = "\n".join(beside_lines(results))
-    assert "**ray-w2-r0**: the run's processes beside it: java x1; outside CPU 25.0% of the host's cores" in text
+    assert "**spark-w2-r0**: the run's processes beside it: java x1; outside CPU 25.0% of the host's cores" in text
     assert "ddp-w2-r0" not in text and "1.0% to 25.0%" in text
-    results.pop("ray-w2-r0")
+    results.pop("spark-w2-r0")
     assert beside_lines(results)[-1] == "No cell flagged."
