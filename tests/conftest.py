@@ -16,6 +16,10 @@ BERT_TINY_DIR = SHARED_DATA / "bert-tiny"
 
 logging.getLogger("py4j").setLevel(logging.WARNING)  # its shutdown chatter hits closed streams
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no hub here; the hub code path is still exercised
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 # --- skips under CI ------------------------------------------------------------------------------
 # With CI=true (as .ci/run runs), a skipped test fails the run unless it is listed here with the
@@ -82,13 +86,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
                                    red=True)
         for nodeid, reason in refused:
             terminalreporter.write_line(f"SKIPPED {nodeid}: {reason}", red=True)
-        terminalreporter.write_line("Install or start what these tests need (scripts/system_deps.sh, "
-                                    "bootstrap.sh, services.sh), or list them in ALLOWED_SKIPS with why.")
-
-os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no hub here; the hub code path is still exercised
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+        terminalreporter.write_line("Install or start what these tests need (scripts/system_deps.sh, bootstrap.sh, "
+                                    "services.sh, compose_plugin.sh), or list them in ALLOWED_SKIPS with why.")
 
 
 # --- markers that hold ---------------------------------------------------------------------------
