@@ -109,7 +109,7 @@ def test_failed_ray_cell_leaves_a_failed_result_and_no_ray_process(bench_config,
 def test_a_bad_ray_address_is_refused_with_the_allowed_forms():
     with pytest.raises(ConfigError, match=r"engines.ray.address \(flat name: ray_address\): .*ray://host:port"):
         load_config("smoke", {"ray_address": "http://head:8265"})
-    assert load_config("smoke", {"ray_address": "ray://head:10001"}).ray_address == "ray://head:10001"
+    assert load_config("smoke", {"ray_address": "ray://head:10001"}).engines.ray.address == "ray://head:10001"
 
 
 def test_leftover_ray_processes_are_killed_and_nothing_else_is_touched():

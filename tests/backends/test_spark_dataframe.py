@@ -119,7 +119,7 @@ def test_a_local_master_is_refused_before_the_cell_starts(bench_config, run_path
 
 
 def test_profiles_with_a_cluster_include_the_feed_and_smoke_does_not():
-    assert "spark_dataframe" not in load_config("smoke").backends  # local[*]
+    assert "spark_dataframe" not in load_config("smoke").matrix.backends  # local[*]
     for profile in ("nightly", "paper"):  # the embedded cluster
         config = load_config(profile)
         assert config.engines.spark.master == "embedded" and "spark_dataframe" in config.matrix.backends

@@ -59,7 +59,7 @@ def test_daemon_driver_and_session_settings_bind_each_host(tmp_path, imdb_dir, b
     assert conf["spark.executorEnv.GLOO_SOCKET_IFNAME"] == conf["spark.executorEnv.TP_SOCKET_IFNAME"] == "eth0"
     driver = spark_hosts.driver_argv(Path("/r/cells/spark-w2-r0"), 12.5, "spark://10.213.0.1:7177", "dataframe",
                                      python="py")
-    assert driver[:3] == ["py", "-m", "pipelines.platforms.spark.hosts"]
+    assert driver[:3] == ["py", "-m", "pipelines.platforms.spark.driver"]
     parser = argparse.ArgumentParser()
     for flag in ("--cell-dir", "--launch-time", "--master", "--feed"):
         parser.add_argument(flag)
