@@ -333,18 +333,22 @@ def sweep() -> list[int]:
 
 
 class EmbeddedService:
-    """The embedded cluster as a run-level service (``pipelines.run.services``): declared by the
-    Spark platforms, wanted when ``engines.spark.master`` is "embedded" (the data stage uses it too)."""
+    """The embedded cluster as the run's standing Spark cluster on this host (``pipelines.run.services``):
+    declared by the Spark platforms, when ``engines.spark.master`` is "embedded"; the data stage
+    uses it too (started at setup), the cells of this host's standing Spark platforms after it."""
 
     name = "embedded Spark cluster"
 
-    def wanted(self, config: BenchmarkConfig) -> bool:
+    def at_setup(self, config: BenchmarkConfig) -> bool:
         return config.engine("spark").master == EMBEDDED
+
+    def wanted(self, config: BenchmarkConfig) -> bool:
+        return config.engine("spark").master == EMBEDDED and config.cluster.kind == "local"
 
     def running(self, paths: RunPaths) -> bool:
         return is_running(paths)
 
-    def start(self, paths: RunPaths, tied_to_caller: bool = False) -> str:
+    def start(self, paths: RunPaths, config: BenchmarkConfig, tied_to_caller: bool = False) -> str:
         return start(paths, tied_to_caller=tied_to_caller)
 
     def stop(self, paths: RunPaths) -> list[int]:

@@ -58,6 +58,11 @@ class Platform:
     study_overhead: float | None = None  # the published study's overhead over DDP (fraction)
     reference: bool = False  # the platform every other is compared with (overheads, the study)
     smoke: bool = True  # trained by the smoke profile
+    default: bool = True  # in the matrix of a run that names no backends
+    # how the platform's own cluster lives: "standing" (up before the cell, kept for the next: as
+    # teams keep a Spark or Ray cluster), "per_job" (brought up inside the cell, its ``provision``
+    # phase, and taken down after it), None (no cluster of its own: torchrun, the local Trainer)
+    lifetime: str | None = None
     # (marker found in a process's name or command line, kind): the resource split's names for
     # the processes this platform starts, checked in order
     process_kinds: tuple[tuple[str, str], ...] = ()
@@ -139,9 +144,10 @@ def is_builtin(platform: Platform) -> bool:
 
 
 def default_names() -> list[str]:
-    """The platforms of a run that names none: the project's own. One registered from elsewhere
-    (a plug-in, a test) trains only where a run names it in ``matrix.backends``."""
-    return [p.name for p in all_platforms() if is_builtin(p)]
+    """The platforms of a run that names none: the project's own that are ``default`` (a per-job
+    cluster variant trains where a run names it). One registered from elsewhere (a plug-in, a
+    test) trains only where a run names it in ``matrix.backends``."""
+    return [p.name for p in all_platforms() if is_builtin(p) and p.default]
 
 
 def smoke_names() -> list[str]:

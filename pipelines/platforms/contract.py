@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import subprocess
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import ClassVar, Protocol
@@ -33,13 +33,36 @@ from pipelines.training import phases
 log = logging.getLogger(__name__)
 
 
-def cell_phases(result: CellResult, history: list) -> dict[str, float]:
+def cell_phases(result: CellResult, history: list, cell: CellPaths) -> dict[str, float]:
     """The worker's phases completed with teardown (its result -> the attempt's end) and the
     earlier, failed attempts (``pipelines.training.phases``)."""
     if not result.phases or result.work_end is None:
         return result.phases
     return phases.complete(result.phases, work_end=result.work_end, attempt_end=history[-1].end,
-                           earlier_attempts_seconds=sum((a.end or a.start) - a.start for a in history[:-1]))
+                           earlier_attempts_seconds=sum((a.end or a.start) - a.start for a in history[:-1]),
+                           provision_seconds=provision_seconds(cell))
+
+
+@contextmanager
+def provisioning(cell: CellPaths) -> Iterator[None]:
+    """Time the platform's cluster coming up inside the cell (its ``provision`` phase)."""
+    import time
+
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        atomic_write_json(cell.provision, {"seconds": round(time.perf_counter() - start, 3)})
+
+
+def provision_seconds(cell: CellPaths) -> float:
+    """What this attempt spent bringing up its platform's cluster (0: none, or a standing one)."""
+    import json
+
+    try:
+        return float(json.loads(cell.provision.read_text())["seconds"])
+    except (OSError, ValueError, KeyError):
+        return 0.0
 
 
 class UnsupportedStrategy(ValueError):
@@ -70,6 +93,17 @@ class TrainingBackend(ABC):
     # how the training rows reach the ranks, recorded as CellResult.data_feed: "files" = every rank
     # reads the token shards through the shared loop; "dataframe" = through Spark (spark_dataframe)
     data_feed: ClassVar[str] = "files"
+    # called under the host's timing lock right before the cell's timed window opens (the runner
+    # brings up a standing cluster this cell uses, and stops one it does not: nothing of the run
+    # beside the cell, yet the standing cluster's start outside its window)
+    before_window: Callable[[], None] | None = None
+
+    @property
+    def lifetime(self) -> str | None:
+        """How this platform's own cluster lives: "standing", "per_job" or None (its declaration)."""
+        from pipelines import platforms
+
+        return platforms.get(self.name).lifetime
 
     def preflight(self, config: BenchmarkConfig, cells: list[tuple[str, int]]) -> list[str]:
         """Why the run cannot train these (strategy, workers) cells here, checked in seconds before
@@ -140,6 +174,8 @@ class TrainingBackend(ABC):
         cell = cell or paths.cell(self.name, world_size, repeat, strategy)
         spec = self.spec(config, world_size, paths, cell, repeat, strategy)  # bad input fails before the lock
         with attempts.host_lock() as waited:
+            if self.before_window is not None:
+                self.before_window()
             attempt = attempts.begin(cell, lock_wait_seconds=waited)
             launch_time = attempt.start
             try:
@@ -147,6 +183,7 @@ class TrainingBackend(ABC):
                     hosts.prepare()  # e.g. the links shaped to this cell's network, under the lock
                 spec.write()
                 cell.worker_result.unlink(missing_ok=True)  # never mistake a previous attempt's file
+                cell.provision.unlink(missing_ok=True)
                 log.info("%s: training %s on %d worker(s) (attempt %d)", self.name, cell.name, world_size,
                          attempt.attempt)
                 # what the cell's processes use, ranks vs platform (pipelines.measure.resources; never fails the cell)
@@ -170,7 +207,7 @@ class TrainingBackend(ABC):
             history = attempts.end(cell, "ok", startup_seconds=result.startup_seconds)
         result = result.model_copy(update={
             "backend": self.name, "repeat": repeat, "attempts": history, **attempts.totals(history),
-            "phases": cell_phases(result, history),
+            "phases": cell_phases(result, history, cell),
             **spec.config.strategy().result_fields(),
             "timed_window": TimedWindow(start=launch_time, end=history[-1].end, lock_wait_seconds=waited),
             "versions": {**result.versions, **self.versions()}, "data_feed": self.data_feed,

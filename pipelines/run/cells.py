@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import logging
 import traceback
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pipelines import platforms
@@ -37,18 +38,21 @@ def get_backend(backend: str) -> "TrainingBackend":
 
 def run_cell(config: BenchmarkConfig, paths: RunPaths, backend: str, workers: int,
              repeat: int = 0, strategy: str = DEFAULT_STRATEGY, hosts: list | None = None,
-             network: str = DEFAULT_NETWORK, cluster: str = "local") -> CellResult:
+             network: str = DEFAULT_NETWORK, cluster: str = "local",
+             before_window: Callable[[], None] | None = None) -> CellResult:
     """Train one cell; always leaves a result.json (ok or failed) in the cell folder.
 
     ``strategy`` names one of ``config.matrix.strategies``; a strategy the backend cannot run at this
     worker count is refused (``UnsupportedStrategy``, recorded as the cell's failure) before
     the cell starts. ``hosts``: the machines the ranks run on (``pipelines.cluster``), linked by
-    ``network``; None = this host."""
+    ``network``; None = this host. ``before_window``: called under the host's timing lock right
+    before the cell's window (the run's standing clusters, ``pipelines.run.services``)."""
     cell = paths.cell(backend, workers, repeat, strategy, network)
     where = {"network": network, "cluster": cluster}
     try:
-        result = get_backend(backend).run(config, workers, paths=paths, cell=cell, repeat=repeat,
-                                          strategy=strategy, hosts=hosts)
+        adapter = get_backend(backend)
+        adapter.before_window = before_window
+        result = adapter.run(config, workers, paths=paths, cell=cell, repeat=repeat, strategy=strategy, hosts=hosts)
         if (result.network, result.cluster) != (network, cluster):
             result = result.model_copy(update=where)
             result.write(cell.result)

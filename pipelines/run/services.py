@@ -1,59 +1,92 @@
-"""The run's services: what platforms need running before their first cell and stopped after the
-last (``Platform.services``), started and stopped by the DAG's setup / teardown tasks and the CLI.
+"""The run's services: clusters the platforms keep standing (``Platform.services``), started and
+stopped by the run, never inside a cell's timed window, and never alive beside another cell.
 
 A service is an object named ``"module:attr"`` in a platform's declaration, with ``name``,
-``wanted(config) -> bool`` (e.g. the embedded Spark cluster: ``engines.spark.master ==
-"embedded"``), ``running(paths) -> bool``, ``start(paths, tied_to_caller) -> str | None`` and
-``stop(paths) -> list[int]``. Each is imported here, by name, when a run starts or stops
-services: the registry itself imports nothing.
+``at_setup(config)`` (started by the DAG's ``start_services`` task and the CLI before the data
+stage: the embedded Spark cluster, which the data stage uses too), ``wanted(config)`` (a
+standing cell of its platform uses it in this run), ``running(paths)``,
+``start(paths, config, tied_to_caller)`` and ``stop(paths)``. ``before_cell`` runs under the
+host's timing lock right before each cell's window: it brings up what a standing cell uses (its
+start is the run's ``provision``, recorded in ``<run>/services.json``) and stops every other
+service, so nothing of the run runs beside the cell. ``stop`` at the end stops them all.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import logging
+import time
 from typing import Any
 
 from pipelines import platforms
 from pipelines.config import BenchmarkConfig
+from pipelines.runfolder.fileio import atomic_write_json
 from pipelines.runfolder.paths import RunPaths
 
 log = logging.getLogger(__name__)
 
 
-def declared() -> list[Any]:
-    """Every service some registered platform declares, once each, in registry order."""
+def declared() -> dict[str, Any]:
+    """"module:attr" -> service, of every registered platform, once each, in registry order."""
     out: dict[str, Any] = {}
     for platform in platforms.all_platforms():
         for target in platform.services:
             if target not in out:
                 module, _, attr = target.partition(":")
                 out[target] = getattr(importlib.import_module(module), attr)
-    return list(out.values())
+    return out
 
 
-def wanted(config: BenchmarkConfig) -> list[Any]:
-    """The services this run's config asks for."""
-    return [service for service in declared() if service.wanted(config)]
+def _start(service: Any, paths: RunPaths, config: BenchmarkConfig, tied_to_caller: bool) -> str | None:
+    """Start ``service`` and record how long its provision took (``<run>/services.json``)."""
+    began = time.time()
+    address = service.start(paths, config, tied_to_caller=tied_to_caller)
+    seconds = round(time.time() - began, 3)
+    record = read_record(paths)
+    record.setdefault(service.name, []).append({"started": began, "provision_seconds": seconds})
+    atomic_write_json(paths.root / "services.json", record)
+    log.info("%s: up in %.1f s (%s)", service.name, seconds, address)
+    return address
+
+
+def read_record(paths: RunPaths) -> dict[str, list[dict]]:
+    """Service name -> each start of it in this run: {started, provision_seconds}."""
+    try:
+        return json.loads((paths.root / "services.json").read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def start(config: BenchmarkConfig, paths: RunPaths, tied_to_caller: bool = False) -> dict[str, str | None]:
-    """Start every wanted service that is not running yet (idempotent); name -> its address.
+    """Start the services the run needs before its data stage (idempotent); name -> address.
     ``tied_to_caller``: they end with this process (the CLI); else they outlive it until stopped."""
     out = {}
-    for service in wanted(config):
-        if service.running(paths):
-            log.info("%s: already running for this run", service.name)
-            continue
-        out[service.name] = service.start(paths, tied_to_caller=tied_to_caller)
+    for service in declared().values():
+        if service.at_setup(config) and not service.running(paths):
+            out[service.name] = _start(service, paths, config, tied_to_caller)
     if not out:
         log.info("no service to start for this run")
     return out
 
 
+def before_cell(config: BenchmarkConfig, paths: RunPaths, backend: str) -> None:
+    """Under the host lock, before the cell's window: the standing services its platform uses are
+    up, every other service is down (nothing of the run beside the cell)."""
+    platform = platforms.get(backend)
+    mine = set(platform.services) if platform.lifetime == "standing" else set()
+    for target, service in declared().items():
+        used = target in mine and service.wanted(config)
+        if used and not service.running(paths):
+            _start(service, paths, config, tied_to_caller=False)
+        elif not used and service.running(paths):
+            log.info("%s: stopped before %s's cell (nothing of the run beside a timed cell)", service.name, backend)
+            service.stop(paths)
+
+
 def stop(paths: RunPaths) -> list[int]:
     """Stop every declared service this run folder has running; the pids stopped."""
     stopped: list[int] = []
-    for service in declared():
+    for service in declared().values():
         stopped += service.stop(paths)
     return stopped

@@ -95,8 +95,8 @@ def validate_tokens(run_dir: str) -> dict:
 # --- the run's clusters: the DAG's setup/teardown tasks call these, the CLI through run_clusters ---
 
 def start_services(run_dir: str, tied_to_caller: bool = False) -> dict[str, str | None]:
-    """Start the services the run's platforms need (``pipelines.run.services``: e.g. the embedded
-    Spark cluster; idempotent); name -> address. ``tied_to_caller``: they end with this process
+    """Start the services the run needs before its data stage (``pipelines.run.services``: the
+    embedded Spark cluster; idempotent); name -> address. ``tied_to_caller``: they end with this process
     (the CLI); else they outlive it until stopped."""
     from pipelines.run import services
 
@@ -233,8 +233,11 @@ def _train_once(config: BenchmarkConfig, paths: RunPaths, backend: str, workers:
     from pipelines.measure.signals import terminate_tree_on_signal
     from pipelines.tracking.runs import cell_tracking
 
+    from pipelines.run import services
+
     hosts = hosts_for_cell(paths, config, workers, network)
-    where = {"hosts": hosts, "network": network, "cluster": config.cluster.kind}
+    where = {"hosts": hosts, "network": network, "cluster": config.cluster.kind,
+             "before_window": lambda: services.before_cell(config, paths, backend)}
     with terminate_tree_on_signal():  # SIGTERM/SIGINT: no orphan keeps training, the cell fails
         if _node_rank(config, backend) > 0:  # node 0 tracks the cell; other nodes only lend processes
             return run_cell(config, paths, backend, workers, repeat, strategy, **where)

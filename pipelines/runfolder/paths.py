@@ -114,6 +114,10 @@ class CellPaths:
         return self.root / "mlflow_run.json"
 
     @property
+    def provision(self) -> Path:  # {"seconds": ...}: the platform's cluster brought up inside the cell
+        return self.root / "provision.json"
+
+    @property
     def platform_checkpoint(self) -> Path:  # a platform keeping its own checkpoints: {"epochs": N} of its newest
         return self.root / "platform_checkpoint.json"
 

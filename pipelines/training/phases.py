@@ -3,8 +3,12 @@
 A cell's phases (``CellResult.phases``, seconds) split its timed window (adapter entry, after
 the host lock, -> the attempt's end) into:
 
-- ``launch``: adapter entry -> the first training step: process start, JVM / SparkContext /
-  executors, Determined or Ray start-up, process group, loading the token shards, model build;
+- ``provision``: bringing up the platform's own cluster inside the cell (a per-job Spark
+  master and workers, a per-job Ray head and nodes), where the cell does; a standing cluster's
+  provision is the run's, outside every cell (``pipelines.run.services``);
+- ``launch``: adapter entry -> the first training step, less ``provision``: process start, JVM /
+  SparkContext / executors, Determined or Ray start-up, process group, loading the token shards,
+  model build;
 - ``data``: the training thread waiting for the next batch (``TrainingRecord.timed_batches``);
 - ``communication``: wall time during which a gradient all-reduce is in flight (a DDP
   communication-hook timer, ``CommTimer``: the union of the buckets' intervals, so the part
@@ -38,7 +42,7 @@ import time
 from collections.abc import Callable
 
 
-PHASES = ("launch", "data", "compute", "communication", "checkpoint", "evaluation", "teardown")
+PHASES = ("provision", "launch", "data", "compute", "communication", "checkpoint", "evaluation", "teardown")
 RETRIES = "retries"
 
 
@@ -104,10 +108,14 @@ def time_ddp_communication(model, timer: CommTimer, hook: Callable | None = None
 
 
 def complete(worker_phases: dict[str, float], *, work_end: float, attempt_end: float,
-             earlier_attempts_seconds: float) -> dict[str, float]:
-    """The cell's phases: the worker's (launch .. evaluation) + teardown (result -> attempt
-    end) + retries (earlier attempts), in the order of ``PHASES``."""
-    phases = {p: float(worker_phases.get(p, 0.0)) for p in PHASES if p != "teardown"}
+             earlier_attempts_seconds: float, provision_seconds: float = 0.0) -> dict[str, float]:
+    """The cell's phases: the worker's (launch .. evaluation), ``provision`` split out of launch
+    where the cell brought up its platform's cluster, teardown (result -> attempt end) and
+    retries (earlier attempts), in the order of ``PHASES``."""
+    phases = {p: float(worker_phases.get(p, 0.0)) for p in PHASES if p not in ("provision", "teardown")}
+    if provision_seconds > 0:
+        provision = min(provision_seconds, phases["launch"])  # inside the launch, never more than it
+        phases = {"provision": provision, **phases, "launch": phases["launch"] - provision}
     phases["teardown"] = max(0.0, attempt_end - work_end)
     if earlier_attempts_seconds > 0:
         phases[RETRIES] = earlier_attempts_seconds

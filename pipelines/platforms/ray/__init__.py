@@ -4,6 +4,7 @@
 or on a cluster built on the run's hosts (``hosts.py``); ``worker.py`` is the training process.
 """
 
+import json
 import re
 
 from pydantic import BaseModel, ConfigDict, field_validator
@@ -30,13 +31,31 @@ class RaySettings(BaseModel):
                          "this host belongs to), ray://host:port (Ray Client) or host:port (the head's GCS)")
 
 
+_LOCAL = ("there is no network between workers: it measures Ray's own launch and bookkeeping, not a "
+          "multi-node cluster's.")
+_COMMON = dict(settings=None, colour="#7c3aed",
+               # "=" : the process's own name; else a part of its command line (a worker's names its raylet)
+               process_kinds=(("=raylet", "raylet"), ("=gcs_server", "gcs_server"), ("ray::", "ray_worker"),
+                              ("default_worker.py", "ray_worker"), ("/ray/", "ray_other")))
+def standing_pids(paths) -> list[int]:
+    """The run's standing Ray cluster's node processes (``standing.py`` writes its state): a
+    standing cell's platform, not the run's."""
+    try:
+        return list(json.loads((paths.root / "ray-standing" / "state.json").read_text())["pids"])
+    except (OSError, ValueError, KeyError):
+        return []
+
+
 PLATFORM = register(Platform(
-    name="ray", adapter=f"{__name__}.adapter:RayBackend", order=30, label="Ray Train", colour="#7c3aed",
-    settings=RaySettings,
+    name="ray", adapter=f"{__name__}.adapter:RayBackend", order=30, label="Ray Train",
+    **{**_COMMON, "settings": RaySettings}, lifetime="standing",
+    services=(f"{__name__}.standing:STANDING_SERVICE",), daemons=standing_pids,
+    mode_caveats={"local-standing": "Ray Train on a one-node Ray cluster kept for the run on this host: " + _LOCAL},
+))
+PER_JOB = register(Platform(
+    name="ray_per_job", adapter=f"{__name__}.adapter:RayPerJobBackend", order=31,
+    label="Ray Train, per-job cluster", **{**_COMMON, "colour": "#a78bfa"}, lifetime="per_job",
+    default=False, smoke=False,  # named where a run compares lifetimes (engines.ray: the same Ray)
     mode_caveats={"local-cluster": "Ray Train on a one-node Ray cluster started for the cell on this host: its "
-                                   "start-up includes the cluster's, and there is no network between workers. "
-                                   "It measures Ray's own launch and bookkeeping, not a multi-node cluster's."},
-    # "=" : the process's own name; else a part of its command line (a worker's names its raylet)
-    process_kinds=(("=raylet", "raylet"), ("=gcs_server", "gcs_server"), ("ray::", "ray_worker"),
-                   ("default_worker.py", "ray_worker"), ("/ray/", "ray_other")),
+                                   "provision is the cluster's start; " + _LOCAL},
 ))

@@ -30,10 +30,15 @@ like torchrun's ``--max-restarts 0``. Workers get the project's import path and 
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 import shutil
 import time
 
 from pipelines.measure import signals
+from pipelines.platforms.contract import provisioning
+from pipelines.platforms.ray import standing
 from pipelines.platforms.ray.trainer import cluster_processes, fit, local_cluster_options, torch_trainer, worker_env_vars
 from pipelines.platforms.contract import TrainingBackend
 from pipelines.training.cell import CellSpec
@@ -65,16 +70,21 @@ class RayBackend(TrainingBackend):
         cfg = spec.config
         self._hosts_by_cell().pop(spec.cell_dir, None)  # this attempt runs on this host
         runtime_env = {"env_vars": worker_env_vars()}
+        own = self._own_cluster(cfg)
         # ray.init replaces the driver's SIGTERM handler with one that exits at once: the project's
         # (pipelines.measure.signals) is saved here and put back after the cell (restore)
         handlers = signals.RaiseOnceHandlers("Ray's cluster shut down")
+        stack = ExitStack()
         try:  # a half-started cluster is shut down too
-            if cfg.engine("ray").address:
-                log.info("ray: joining the cluster at %s", cfg.engine("ray").address)
-                ray.init(address=cfg.engine("ray").address, runtime_env=runtime_env)
-            else:
+            if own:
                 options = local_cluster_options(spec.world_size, cfg.training.threads_per_worker)
-                log.info("ray: starting a local cluster (%s)", options)
+                log.info("ray: starting the cell's own local cluster (%s)", options)
+                with provisioning(spec.cell):
+                    ray.init(runtime_env=runtime_env, **options)
+            else:
+                options, joined = self._join_options(spec)
+                log.info("ray: joining the cluster at %s", options["address"])
+                stack.enter_context(_environ(joined))
                 ray.init(runtime_env=runtime_env, **options)
             # While Ray runs, a signal only raises (once), so the finally below shuts Ray down while
             # its GCS and raylet still run: the project's handler would kill them first, and a
@@ -83,16 +93,39 @@ class RayBackend(TrainingBackend):
             handlers.raise_once()
             fit(torch_trainer(spec, launch_time, runtime_env), handlers)
         finally:
-            self._shutdown(local=not cfg.engine("ray").address)
+            self._shutdown(local=own)
+            stack.close()
             handlers.restore()
 
+    def _own_cluster(self, config: BenchmarkConfig) -> bool:
+        """A cluster of the cell's own (per job), not one to join (the run's standing one, or
+        ``engines.ray.address``: someone else's)."""
+        return self.lifetime == "per_job"
+
+    def _join_options(self, spec: CellSpec) -> tuple[dict, dict[str, str]]:
+        """``ray.init`` options for the cluster a standing cell joins, and the environment its
+        driver needs to (the token)."""
+        if spec.config.engine("ray").address:
+            return {"address": spec.config.engine("ray").address}, {}
+        found = standing.state(spec.paths)
+        if found is None:
+            raise RuntimeError("ray: no standing Ray cluster for this run: the runner starts it before a "
+                               "standing Ray cell (pipelines.run.services.before_cell)")
+        return standing.init_options(found), standing.token_env(found)
+
     def launch_on_hosts(self, spec: CellSpec, launch_time: float, hosts: list) -> None:
-        """A Ray cluster built on ``hosts`` (head on hosts[0], one node per host), the driver on
-        hosts[0], every node stopped afterwards (``pipelines.platforms.ray.hosts``)."""
+        """A standing cell: the driver on hosts[0] joins the run's standing cluster on the hosts;
+        per job: a Ray cluster of its own on ``hosts`` (head on hosts[0], one node per host), the
+        driver on hosts[0], every node stopped afterwards (``pipelines.platforms.ray.hosts``)."""
         from pipelines.platforms.ray import hosts as ray_hosts
 
         self._hosts_by_cell()[spec.cell_dir] = len(hosts)
-        ray_hosts.launch(spec, launch_time, hosts)
+        if self.lifetime == "per_job":
+            ray_hosts.launch(spec, launch_time, hosts)
+            return
+        options, joined = self._join_options(spec)
+        ray_hosts.drive_standing(spec, launch_time, hosts, options["address"], joined,
+                                 standing.state(spec.paths)["nodes"])
 
     @staticmethod
     def _shutdown(local: bool) -> None:
@@ -112,7 +145,9 @@ class RayBackend(TrainingBackend):
 
     def cleanup(self) -> list[int]:
         """Ray processes of this driver's own cluster that a failed cell left (``launch``'s
-        shutdown stops them; this catches what outlived it)."""
+        shutdown stops them; this catches what outlived it). A standing cluster stays."""
+        if self.lifetime != "per_job":
+            return []
         leftovers = cluster_processes()
         signals.stop_leftovers(leftovers, grace_s=1.0, owner="ray")
         return [p.pid for p in leftovers]
@@ -128,4 +163,37 @@ class RayBackend(TrainingBackend):
         hosts = self._hosts_by_cell().get(spec.cell_dir)
         if hosts:
             return {"platform_mode": f"cluster-{hosts}-hosts"}
-        return {"platform_mode": "cluster" if spec.config.engine("ray").address else "local-cluster"}
+        if spec.config.engine("ray").address:
+            return {"platform_mode": "cluster"}
+        return {"platform_mode": "local-cluster" if self.lifetime == "per_job" else "local-standing"}
+
+
+class RayPerJobBackend(RayBackend):
+    """Ray Train on a Ray cluster of the cell's own, brought up inside its window (``provision``)."""
+
+    name = "ray_per_job"
+
+    def preflight(self, config: BenchmarkConfig, cells: list[tuple[str, int]]) -> list[str]:
+        refusal = ([f"{self.name}: engines.ray.address={config.engine('ray').address!r} is a cluster someone "
+                    "keeps standing; a per-job cell starts its own. Leave engines.ray.address empty or leave "
+                    f"{self.name} out of backends."] if config.engine("ray").address else [])
+        return [*refusal, *super().preflight(config, cells)]
+
+
+@contextmanager
+def _environ(values: dict[str, str]) -> Iterator[None]:
+    """``values`` in this process's environment for the block (the driver's token to join)."""
+    from ray._private.authentication.authentication_token_setup import Config
+
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    Config.initialize("")  # Ray caches its settings (the auth mode): read them again
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        Config.initialize("")

@@ -49,7 +49,7 @@ from pipelines.platforms.ray import trainer
 from pipelines.platforms.ray.worker import DRIVER_LOG_ENV
 from pipelines.training.cell import CellSpec
 from pipelines.cluster.processes import Tee, free_port_on, stop_tree
-from pipelines.platforms.torchrun import HOST_IFNAME, host_nproc
+from pipelines.platforms.torchrun import HOST_IFNAME, execute_on_hosts, host_nproc
 from pipelines.runfolder.paths import PROJECT_ROOT
 
 log = logging.getLogger(__name__)
@@ -223,15 +223,32 @@ def _copy_logs(temp_dir: Path, target: Path) -> None:
 
 
 def launch(spec: CellSpec, launch_time: float, hosts: Sequence[Any]) -> None:
-    """The cell across ``hosts`` (module docstring); every node is stopped whatever happens."""
+    """The cell across ``hosts`` on a cluster of its own (per job: its start is the cell's
+    ``provision`` phase); every node is stopped whatever happens."""
+    from pipelines.platforms.contract import provisioning
+
     host_nproc(spec.world_size, len(hosts))  # a bad split, before anything starts
     cluster = RayOnHosts(spec, hosts)
     failed = True
     try:
-        cluster.drive(launch_time, cluster.start())
+        with provisioning(spec.cell):
+            address = cluster.start()
+        cluster.drive(launch_time, address)
         failed = False
     finally:
         cluster.stop(keep_logs=failed)
+
+
+def drive_standing(spec: CellSpec, launch_time: float, hosts: Sequence[Any], address: str,
+                   joined: Mapping[str, str], nodes: int) -> None:
+    """The cell's driver on hosts[0] joining the run's standing cluster at ``address`` (``nodes``
+    nodes; ``joined``: its token), teed to train.log; the cluster stays."""
+    host_nproc(spec.world_size, len(hosts))
+    argv = driver_argv(spec.cell_dir, launch_time, address, nodes)
+    try:
+        execute_on_hosts([argv], {**process_env(), **joined}, hosts[:1], [spec.cell.log])
+    except RuntimeError as err:
+        raise RuntimeError(f"ray driver on {hosts[0].name}: {err}") from None
 
 
 def wait_for_nodes(count: int, timeout_s: float = NODE_WAIT_S, poll_s: float = 0.5) -> list[dict]:

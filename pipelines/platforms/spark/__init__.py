@@ -46,22 +46,31 @@ def embedded_cluster_pids(paths) -> list[int]:
         return []
 
 
-_COMMON = dict(daemons=embedded_cluster_pids, process_kinds=(("pyspark", "pyspark_worker"),),
-               services=("pipelines.engines.spark_cluster:EMBEDDED_SERVICE",))
+_COMMON = dict(daemons=embedded_cluster_pids, process_kinds=(("pyspark", "pyspark_worker"),))
+_STANDING = dict(lifetime="standing", services=("pipelines.engines.spark_cluster:EMBEDDED_SERVICE",
+                                                f"{__name__}.standing:STANDING_SERVICE"))
+_PER_JOB = dict(lifetime="per_job", default=False, smoke=False)  # named where a run compares lifetimes
+_FEEDS_NOTE = ("spark and spark_dataframe are the same TorchDistributor run with two data feeds: each rank "
+               "reads the token files (files feed), or the tokenized DataFrame's partitions reach the ranks "
+               "through a Spark barrier stage (dataframe feed); their difference is what feeding the data "
+               "through Spark costs.")
+_LOCAL = ("TorchDistributor in local mode starts torchrun on the driver: no executor, no barrier stage, each "
+          "rank reads the token files itself. It measures a SparkSession plus TorchDistributor's launch, not "
+          "a Spark cluster's scheduling or data feed.")
 PLATFORM = register(Platform(
     name="spark", adapter=f"{__name__}.adapter:SparkBackend", order=10, label="Spark TorchDistributor",
     colour="#c2410c", settings=SparkSettings, study_overhead=1.87,  # the study: Spark 2.87x DDP's time
-    mode_caveats={"local": "TorchDistributor in local mode starts torchrun on the driver: no executor, no "
-                           "barrier stage, each rank reads the token files itself. It measures a SparkSession "
-                           "plus TorchDistributor's launch, not a Spark cluster's scheduling or data feed."},
-    **_COMMON))
+    mode_caveats={"local": _LOCAL}, **_COMMON, **_STANDING))
+PER_JOB = register(Platform(
+    name="spark_per_job", adapter=f"{__name__}.adapter:SparkPerJobBackend", order=11,
+    label="Spark TorchDistributor, per-job cluster", colour="#fb923c", study_overhead=1.87, **_COMMON, **_PER_JOB))
 DATAFRAME = register(Platform(
     name="spark_dataframe", adapter=f"{__name__}.dataframe:SparkDataFrameBackend", order=40,
     label="Spark TorchDistributor (DataFrame feed)", colour="#b45309",  # engines.spark: the same Spark
     study_overhead=1.87,  # the study's one Spark figure, beside both data feeds
     smoke=False,  # needs executors: the smoke profile's local master has none
-    study_note=("spark and spark_dataframe are the same TorchDistributor run with two data feeds: each rank "
-                "reads the token files (files feed), or the tokenized DataFrame's partitions reach the ranks "
-                "through a Spark barrier stage (dataframe feed); their difference is what feeding the data "
-                "through Spark costs."),
-    **_COMMON))
+    study_note=_FEEDS_NOTE, **_COMMON, **_STANDING))
+DATAFRAME_PER_JOB = register(Platform(
+    name="spark_dataframe_per_job", adapter=f"{__name__}.dataframe:SparkDataFramePerJobBackend", order=41,
+    label="Spark TorchDistributor (DataFrame feed), per-job cluster", colour="#d97706", study_overhead=1.87,
+    **_COMMON, **_PER_JOB))

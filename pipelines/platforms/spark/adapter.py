@@ -18,6 +18,7 @@ import logging
 
 from pipelines.platforms.spark import distributor as spark_torch
 from pipelines.platforms.contract import TrainingBackend
+from pipelines.config import BenchmarkConfig, ConfigError
 from pipelines.training.cell import CellSpec
 from pipelines.platforms.spark.hosts import SparkOnHosts
 from pipelines.training.worker import train_worker
@@ -30,7 +31,7 @@ class SparkBackend(SparkOnHosts, TrainingBackend):
 
     def launch(self, spec: CellSpec, launch_time: float) -> None:
         self.hosts_used(spec, forget=True)  # this machine (a previous attempt may have used hosts)
-        spark_torch.run_distributor(spec, launch_time, self.train)
+        spark_torch.launch_on_this_host(spec, launch_time, self.train, self.lifetime)
 
     def train(self, spark, distributor, spec: CellSpec, launch_time: float) -> None:
         """The files feed: every rank reads the token shards itself (the shared loop's loader)."""
@@ -41,3 +42,19 @@ class SparkBackend(SparkOnHosts, TrainingBackend):
 
     def versions(self) -> dict[str, str]:
         return spark_torch.versions()
+
+
+class SparkPerJobBackend(SparkBackend):
+    """The files feed on a Spark cluster of the cell's own, brought up inside its window."""
+
+    name = "spark_per_job"
+
+    def preflight(self, config: BenchmarkConfig, cells: list[tuple[str, int]]) -> list[str]:
+        refusal = spark_torch.per_job_refusal(config, self.name)
+        return [*([refusal] if refusal else []), *super().preflight(config, cells)]
+
+    def spec(self, config: BenchmarkConfig, world_size: int, *args, **kwargs) -> CellSpec:
+        refusal = spark_torch.per_job_refusal(config, self.name)
+        if refusal:
+            raise ConfigError(refusal)
+        return super().spec(config, world_size, *args, **kwargs)

@@ -168,7 +168,7 @@ class SparkDataFrameBackend(SparkOnHosts, TrainingBackend):
 
     def launch(self, spec: CellSpec, launch_time: float) -> None:
         self.hosts_used(spec, forget=True)  # this machine (a previous attempt may have used hosts)
-        spark_torch.run_distributor(spec, launch_time, self.train)  # the session: as the files feed's
+        spark_torch.launch_on_this_host(spec, launch_time, self.train, self.lifetime)  # as the files feed's
 
     def train(self, spark, distributor, spec: CellSpec, launch_time: float) -> None:
         from pipelines.platforms.spark.feed import train_worker
@@ -187,3 +187,10 @@ class SparkDataFrameBackend(SparkOnHosts, TrainingBackend):
 
     def versions(self) -> dict[str, str]:
         return spark_torch.versions(launcher="TorchDistributor._train_on_dataframe")
+
+
+class SparkDataFramePerJobBackend(SparkDataFrameBackend):
+    """The dataframe feed on a Spark cluster of the cell's own, brought up inside its window
+    (on this host: an embedded one, which has the executors the feed needs)."""
+
+    name = "spark_dataframe_per_job"

@@ -122,6 +122,38 @@ def run_distributor(spec: CellSpec, launch_time: float, train: TrainStep, master
         stop_spark(jvm=True)  # the driver's JVM ends with the cell: nothing of it beside the next one
 
 
+def per_job_refusal(config: BenchmarkConfig, backend: str) -> str | None:
+    """Why a per-job Spark cell cannot run with this config, or None: on this host its cluster is
+    an embedded standalone cluster of its own (a local master has none; a cluster URL is someone's
+    standing cluster)."""
+    if config.cluster.kind != "local" or config.engine("spark").master == "embedded":
+        return None
+    return (f"{backend}: a per-job Spark cluster on this host is an embedded standalone cluster the cell "
+            f"starts and stops; engines.spark.master={config.engine('spark').master!r} has none to start. Set "
+            f"engines.spark.master=embedded, run on a cluster's hosts (cluster.kind=emulated), or leave "
+            f"{backend} out of backends.")
+
+
+def launch_on_this_host(spec: CellSpec, launch_time: float, train: TrainStep, lifetime: str | None) -> None:
+    """The cell on this host: standing (the configured master: local mode, the run's embedded
+    cluster or a cluster URL), or per job (an embedded cluster of the cell's own, brought up inside
+    its window as its ``provision`` phase and stopped after it)."""
+    if lifetime != "per_job":
+        run_distributor(spec, launch_time, train)
+        return
+    from pipelines.engines import spark_cluster
+    from pipelines.platforms.contract import provisioning
+    from pipelines.runfolder.paths import RunPaths
+
+    own = RunPaths(spec.cell_dir / "own-cluster")
+    try:
+        with provisioning(spec.cell):
+            url = spark_cluster.start(own, workers=spec.world_size, tied_to_caller=True)
+        run_distributor(spec, launch_time, train, master=url)
+    finally:
+        spark_cluster.stop(own)
+
+
 def platform_fields(spec: CellSpec, hosts: int | None = None) -> dict:
     """A fresh session per cell; ``platform_mode`` local (torchrun on the driver), cluster, or
     cluster-<k>-hosts (a standalone cluster built on ``hosts`` launch hosts: pipelines.platforms.spark.hosts)."""

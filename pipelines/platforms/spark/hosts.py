@@ -27,6 +27,7 @@ Each rank reports its own host (``pipelines.training.distributed.placement``): t
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -127,8 +128,9 @@ def wait_for_line(log_file: Path, needle: str, procs: Sequence[subprocess.Popen]
         time.sleep(0.25)
 
 
-def start_daemons(hosts: Sequence[Any], folder: Path, cores: int) -> str:
-    """Master on hosts[0], one Worker per host; returns the master URL once every worker registered."""
+def start_daemons(hosts: Sequence[Any], folder: Path, cores: int, with_procs: bool = False):
+    """Master on hosts[0], one Worker per host; returns the master URL once every worker registered
+    (``with_procs``: and the daemons' processes)."""
     home = spark_home()
     folder.mkdir(parents=True, exist_ok=True)
     port = free_port_on(hosts[0])
@@ -146,7 +148,7 @@ def start_daemons(hosts: Sequence[Any], folder: Path, cores: int) -> str:
         wait_for_line(log_file, "Successfully registered with master", procs)
     log.info("spark across %d host(s): master %s, one worker of %d core(s) per host (logs: %s)",
              len(hosts), url, cores, folder)
-    return url
+    return (url, procs) if with_procs else url
 
 
 def stop_hosts(hosts: Sequence[Any], grace_s: float = STOP_GRACE_S) -> list[int]:
@@ -160,21 +162,50 @@ def stop_hosts(hosts: Sequence[Any], grace_s: float = STOP_GRACE_S) -> list[int]
     return stopped
 
 
-def launch(spec: CellSpec, launch_time: float, hosts: Sequence[Any], feed: str) -> None:
-    """The cell across ``hosts``: daemons, the driver on hosts[0] (teed to train.log), teardown."""
+def launch(spec: CellSpec, launch_time: float, hosts: Sequence[Any], feed: str, master: str | None = None) -> None:
+    """The cell across ``hosts``: the driver on hosts[0] (teed to train.log) submitting to
+    ``master`` (the run's standing cluster: its workers end the application's executors), else to
+    daemons of its own (per job: its ``provision`` phase), stopped after it with every other
+    process the cell left on the hosts."""
+    from pipelines.platforms.contract import provisioning
+
     cores = host_nproc(spec.world_size, len(hosts))  # one barrier task per worker core
     if feed not in FEEDS:  # before anything starts
         raise ValueError(f"feed must be one of {FEEDS}; got {feed!r}")
+    own = master is None
     try:
-        url = start_daemons(hosts, spec.cell_dir / DAEMON_DIR, cores)
-        cmd = driver_argv(spec.cell_dir, launch_time, url, feed)
+        if own:
+            with provisioning(spec.cell):
+                master = start_daemons(hosts, spec.cell_dir / DAEMON_DIR, cores)
+        cmd = driver_argv(spec.cell_dir, launch_time, master, feed)
         try:
             execute_on_hosts([cmd], driver_env(os.environ, hosts[0]), hosts[:1], [spec.cell.log])
         except RuntimeError as err:
             raise RuntimeError(f"spark driver on {hosts[0].name}: {err}") from None
     finally:
-        stopped = stop_hosts(hosts)
-        log.info("spark across hosts: stopped %d process(es) on %d host(s)", len(stopped), len(hosts))
+        if own:
+            stopped = stop_hosts(hosts)
+            log.info("spark across hosts: stopped %d process(es) on %d host(s)", len(stopped), len(hosts))
+
+
+def standing_folder(paths) -> Path:  # the run's standing cluster on the hosts (standing.py)
+    return paths.root / "spark-standing"
+
+
+def standing_state(paths) -> dict | None:
+    try:
+        return json.loads((standing_folder(paths) / "state.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def standing_master(paths) -> str:
+    """The run's standing cluster's master URL (a standing cell's driver submits to it)."""
+    found = standing_state(paths)
+    if found is None:
+        raise RuntimeError(f"no standing Spark cluster for this run ({standing_folder(paths)}): the runner "
+                           "starts it before a standing Spark cell (pipelines.run.services.before_cell)")
+    return found["url"]
 
 
 class SparkOnHosts:
@@ -189,8 +220,13 @@ class SparkOnHosts:
         return self._spark_hosts_used
 
     def launch_on_hosts(self, spec: CellSpec, launch_time: float, hosts: list) -> None:
+        """A standing platform submits to the run's standing cluster on the hosts; a per-job one
+        starts its own (``launch``)."""
         self._hosts_by_cell()[spec.cell_dir] = len(hosts)
-        launch(spec, launch_time, hosts, self.data_feed)
+        master = None
+        if getattr(self, "lifetime", None) == "standing":
+            master = standing_master(spec.paths)
+        launch(spec, launch_time, hosts, self.data_feed, master)
 
     def hosts_used(self, spec: CellSpec, forget: bool = False) -> int | None:
         """Hosts the cell's latest launch ran on (None: this machine); ``forget``: a local launch."""

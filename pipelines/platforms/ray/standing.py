@@ -1,0 +1,179 @@
+"""The run's standing Ray cluster (``pipelines.run.services``): a head on this host, or a head on
+hosts[0] and a node on every other emulated host, started once before the first standing Ray
+cell and kept for the next ones (as teams keep a Ray cluster and submit jobs to it); stopped
+before a cell of another platform and at the run's end. Each cell's driver joins it
+(``address``), with the cluster's own auth token. A per-job cell starts its own instead
+(``ray_per_job``: a local cluster per cell, or ``hosts.launch``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from pipelines.cluster.processes import running, start_session, stop_tree
+from pipelines.config import BenchmarkConfig
+from pipelines.platforms.ray.hosts import (NO_DRAIN, NODE_START_S, NODE_STOP_S, OBJECT_STORE_BYTES, READY,
+                                           STOP_GRACE_S, node_argv, process_env)
+from pipelines.runfolder.fileio import atomic_write_json
+from pipelines.runfolder.paths import RunPaths
+
+log = logging.getLogger(__name__)
+# a loopback address Ray does not rewrite: it replaces "127.0.0.1" in an address to join with this
+# machine's outward address (ray._private.services.resolve_ip_for_localhost), where nothing listens
+LOCAL_IP = "127.0.0.2"
+
+
+def folder(paths: RunPaths) -> Path:
+    return paths.root / "ray-standing"
+
+
+def state(paths: RunPaths) -> dict | None:
+    try:
+        return json.loads((folder(paths) / "state.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def token_env(found: dict) -> dict[str, str]:
+    """What a driver joining the standing cluster needs: its token (Ray's token auth). On this
+    host it is Ray's default token file (~/.ray/auth_token, which a per-job ``ray.init`` uses
+    too: one token per process, which Ray loads once); on the hosts, the cluster's own."""
+    if found["kind"] == "local":
+        return {"RAY_AUTH_MODE": "token"}
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": found["token"]}
+
+
+def init_options(found: dict) -> dict:
+    """``ray.init`` keyword arguments of a driver on this host joining the standing cluster."""
+    return {"address": found["address"], **({"_node_ip_address": found["node_ip"]} if found.get("node_ip") else {})}
+
+
+def daemon_pids(paths: RunPaths) -> list[int]:
+    """The standing cluster's node processes (the resource split counts them as the cell's platform)."""
+    found = state(paths)
+    return list(found["pids"]) if found else []
+
+
+def _wait_ready(log_file: Path, proc: subprocess.Popen, timeout_s: float = NODE_START_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while READY not in (log_file.read_text(errors="replace") if log_file.exists() else ""):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"ray: the standing head did not start (exit code {proc.poll()}); "
+                               f"{log_file}:\n{log_file.read_text(errors='replace')[-2000:]}")
+        time.sleep(0.1)
+
+
+def _token(path: Path, fresh: bool) -> str:
+    """A token file (0600): ``fresh`` a new one (the hosts' cluster), else Ray's default one,
+    made if missing (as `ray get-auth-token --generate`)."""
+    if fresh:
+        path.unlink(missing_ok=True)
+    elif path.exists():
+        return str(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+        f.write(secrets.token_hex(32))
+    return str(path)
+
+
+def _start_local(paths: RunPaths, config: BenchmarkConfig, env: dict, tied: bool) -> dict:
+    from pipelines.cluster.processes import free_port
+
+    port, temp_dir = free_port(), f"/tmp/rs{os.getpid()}"  # short: Ray's socket paths
+    cpus = max(os.cpu_count() or 1, max(config.matrix.worker_counts) * config.training.threads_per_worker)
+    argv = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", f"--port={port}", f"--node-ip-address={LOCAL_IP}",
+            f"--num-cpus={cpus}", "--include-dashboard=false", f"--temp-dir={temp_dir}",
+            f"--object-store-memory={OBJECT_STORE_BYTES}", "--disable-usage-stats", "--block"]
+    log_file = folder(paths) / "head.log"
+    with open(log_file, "w") as out:
+        head = start_session(argv, die_with_parent=tied, env=env, stdout=out, stderr=subprocess.STDOUT,
+                             stdin=subprocess.DEVNULL)
+    _wait_ready(log_file, head)
+    return {"address": f"{LOCAL_IP}:{port}", "node_ip": LOCAL_IP, "pids": [head.pid], "temp_dirs": [temp_dir],
+            "kind": "local"}
+
+
+def _start_hosts(paths: RunPaths, config: BenchmarkConfig, env: dict) -> dict:
+    from pipelines.cluster import lifecycle
+    from pipelines.cluster.processes import free_port_on
+
+    hosts = lifecycle.attach(lifecycle._read(paths)).hosts
+    cpus = max(max(1, w // len(hosts)) for w in config.matrix.worker_counts) * config.training.threads_per_worker
+    port, pids, temp_dirs = free_port_on(hosts[0]), [], []
+    for k, host in enumerate(hosts):
+        host.stop_processes(STOP_GRACE_S)  # what an earlier cell or a failed start left
+        argv = node_argv(hosts, k, port, cpus)
+        temp_dirs.append(next(a.split("=", 1)[1] for a in argv if a.startswith("--temp-dir=")))
+        log_file = folder(paths) / f"{host.name}.log"
+        with open(log_file, "w") as out:  # a file, not a pipe: the nodes outlive the process starting them
+            proc = host.run(argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        pids.append(proc.pid)
+        if k == 0:
+            _wait_ready(log_file, proc)
+    return {"address": f"{hosts[0].address}:{port}", "pids": pids, "temp_dirs": temp_dirs, "kind": "hosts",
+            "nodes": len(hosts)}
+
+
+class StandingRay:
+    name = "standing Ray cluster"
+
+    def at_setup(self, config: BenchmarkConfig) -> bool:
+        return False
+
+    def wanted(self, config: BenchmarkConfig) -> bool:  # an engines.ray.address is someone else's cluster
+        return config.engine("ray").address is None and config.cluster.kind in ("local", "emulated")
+
+    def running(self, paths: RunPaths) -> bool:
+        found = state(paths)
+        return bool(found) and all(running(pid) for pid in found["pids"])
+
+    def start(self, paths: RunPaths, config: BenchmarkConfig, tied_to_caller: bool = False) -> str:
+        self.stop(paths)  # a dead one's leftovers
+        folder(paths).mkdir(parents=True, exist_ok=True)
+        folder(paths).chmod(0o700)  # the token
+        hosts = config.cluster.kind == "emulated"
+        token = (_token(folder(paths) / "auth", fresh=True) if hosts
+                 else _token(Path.home() / ".ray" / "auth_token", fresh=False))
+        env = {**process_env(), **NO_DRAIN, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": token}
+        found = _start_hosts(paths, config, env) if hosts else _start_local(paths, config, env, tied_to_caller)
+        atomic_write_json(folder(paths) / "state.json", {**found, "token": token})
+        return found["address"]
+
+    def stop(self, paths: RunPaths) -> list[int]:
+        found = state(paths)
+        if found is None:
+            return []
+        (folder(paths) / "state.json").unlink(missing_ok=True)
+        stop_tree(found["pids"], NODE_STOP_S, tree=False)  # `ray start --block` stops its node on SIGTERM
+        left = _leftovers(found["temp_dirs"])
+        stop_tree(left, STOP_GRACE_S, tree=False)
+        for temp_dir in found["temp_dirs"]:
+            shutil.rmtree(temp_dir, ignore_errors=True)
+        if found["kind"] == "hosts":  # the cluster's own; Ray's default one stays
+            Path(found["token"]).unlink(missing_ok=True)
+        return list(found["pids"]) + left
+
+
+def _leftovers(temp_dirs: list[str]) -> list[int]:
+    """Processes that outlived their node's shutdown: Ray's name their node's temp folder."""
+    import psutil
+
+    out = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if any(t in part for t in temp_dirs for part in proc.info["cmdline"] or []):
+                out.append(proc.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return out
+
+
+STANDING_SERVICE = StandingRay()
