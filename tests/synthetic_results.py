@@ -17,8 +17,10 @@ from pipelines.runfolder.paths import RunPaths
 from pipelines.runfolder.results import Attempt, CellResult, EpochMetrics, HostUsage, ResourceUsage
 from pipelines.runfolder.results import TestMetrics as HeldOutMetrics
 
-STARTUP = {"ddp": 6.5, "spark": 14.0, "determined": 7.5, "spark_dataframe": 20.0}  # launcher + imports, s
-TRAIN_1W = {"ddp": 14.0, "spark": 14.5, "determined": 15.0, "spark_dataframe": 14.5}  # training loop, 1 worker
+STARTUP = {"ddp": 6.5, "spark": 14.0, "determined": 7.5, "spark_dataframe": 20.0,  # launcher + imports, s
+           "spark_per_job": 26.0, "ray": 15.0, "ray_per_job": 24.0}  # per job: + the cluster's start
+TRAIN_1W = {"ddp": 14.0, "spark": 14.5, "determined": 15.0, "spark_dataframe": 14.5,  # training loop, 1 worker
+            "spark_per_job": 14.5, "ray": 15.5, "ray_per_job": 15.5}
 GRADIENT_BYTES = 4.4e6 * 4  # BERT-tiny's fp32 gradients: what the default strategy all-reduces per step
 UNSHAPED_BPS = 9e9  # an unshaped veth link (bench/RESULTS.md: ~9.4 Gbit/s measured)
 

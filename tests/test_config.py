@@ -26,7 +26,7 @@ def test_overrides_layer_on_the_profile_and_none_keeps_it():
 
 
 @pytest.mark.parametrize("overrides, field, hint", [
-    ({"backends": ["horovod"]}, "backends", "ddp, spark, determined, ray"),
+    ({"backends": ["horovod"]}, "backends", "ddp, spark, spark_per_job, determined, ray"),
     ({"ray_address": "http://head:8265"}, "ray_address", "ray://host:port"),
     ({"epochs": 0}, "epochs", "greater than or equal to 1"),
     ({"worker_counts": [0]}, "worker_counts", ">= 1"),

@@ -22,6 +22,7 @@ ALLOWED = {
     ("pipelines/platforms/__init__.py", "spark"): "BUILTIN",
     ("pipelines/platforms/__init__.py", "determined"): "BUILTIN",
     ("pipelines/platforms/__init__.py", "ray"): "BUILTIN",
+    ("pipelines/platforms/__init__.py", "deepspeed"): "BUILTIN",
     # "ddp" as a sharding mode (torch's DistributedDataParallel wrapper vs FSDP), not the platform
     ("pipelines/config/strategy.py", "ddp"): "sharding mode",
     ("pipelines/runfolder/results.py", "ddp"): "sharding mode",

@@ -63,6 +63,7 @@ class Platform:
     # teams keep a Spark or Ray cluster), "per_job" (brought up inside the cell, its ``provision``
     # phase, and taken down after it), None (no cluster of its own: torchrun, the local Trainer)
     lifetime: str | None = None
+    variant_of: str | None = None  # the standing platform a per-job variant is compared with
     # (marker found in a process's name or command line, kind): the resource split's names for
     # the processes this platform starts, checked in order
     process_kinds: tuple[tuple[str, str], ...] = ()

@@ -265,7 +265,13 @@ def _strategy_lines(summary: RunSummary, config: BenchmarkConfig) -> list[str]:
 
 # --- where the time goes ------------------------------------------------------------------------
 
-PHASE_ORDER = (*phases.PHASES, phases.RETRIES)
+PHASE_ORDER = (phases.PROVISION, *phases.PHASES, phases.RETRIES)
+
+
+def phase_order(summary: RunSummary) -> tuple[str, ...]:
+    """The phase columns of a run: ``provision`` only where a cell brought up its own cluster."""
+    has_provision = any(phases.PROVISION in a.phases for a in summary.aggregates)
+    return tuple(p for p in PHASE_ORDER if p != phases.PROVISION or has_provision)
 
 
 def phase_rows(summary: RunSummary) -> list[list[str]]:
@@ -277,7 +283,7 @@ def phase_rows(summary: RunSummary) -> list[list[str]]:
         total = sum(a.phases.values())
         rows.append([a.key, _fmt(a.total_seconds.median, "s")] + [
             f"{a.phases[p]:.2f} ({a.phases[p] / total * 100:.0f} %)" if p in a.phases and total else "-"
-            for p in PHASE_ORDER])
+            for p in phase_order(summary)])
     return rows
 
 
@@ -285,8 +291,9 @@ def _phase_lines(summary: RunSummary) -> list[str]:
     rows = phase_rows(summary)
     if not rows:
         return ["No finished cell recorded phases."]
-    return [_md_table(["cell", "total", *PHASE_ORDER], rows), "",
-            "Phases (seconds, median over repeats; share of their sum): launch = adapter entry to the first "
+    return [_md_table(["cell", "total", *phase_order(summary)], rows), "",
+            "Phases (seconds, median over repeats; share of their sum): provision (where shown) = the "
+            "platform's per-job cluster coming up inside the cell; launch = adapter entry to the first "
             "training step (processes, JVM/executors, platform start-up, data and model loading); data = "
             "waiting for batches; communication = a gradient all-reduce in flight (DDP hook timer; overlap "
             "with the backward pass counts here) + epoch metrics' all-reduce; compute = the rest of the "

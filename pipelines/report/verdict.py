@@ -23,6 +23,7 @@ from typing import Any
 
 from pipelines.runfolder.fileio import atomic_write_text
 from pipelines.runfolder.paths import DEFAULT_STRATEGY, RunPaths
+from pipelines.report.lifetimes import lifetime_sentences
 from pipelines.report.network import networks_of
 from pipelines.report.projection import FIXED_PERCENT, fixed_range, job_text, projected
 from pipelines.report.tables import PHASE_ORDER, _text, mode_caveat, networked
@@ -268,6 +269,11 @@ def _parity_finding(summary: RunSummary, grouped: list[tuple[str, list[Aggregate
     return Finding("parity", parts)
 
 
+def _lifetime_finding(summary: RunSummary) -> Finding | None:
+    sentences = lifetime_sentences(summary)
+    return Finding("lifetimes", _say("Cluster lifetimes: " + " ".join(sentences))) if sentences else None
+
+
 def _modes_finding(summary: RunSummary) -> Finding | None:
     modes = dict.fromkeys((str(a.backend), a.platform_mode) for a in summary.aggregates
                           if a.repeats_ok and a.platform_mode and mode_caveat(a.backend, a.platform_mode))
@@ -346,7 +352,8 @@ def build_verdict(summary: RunSummary, regression: dict[str, Any] | None = None,
             findings.append(_rest_finding([g for i, g in enumerate(grouped) if i not in full]))
         projection = _projection_finding(summary, [grouped[i] for i in full])
         findings += [projection] if projection else []
-    extra = (_parity_finding(summary, grouped), _modes_finding(summary), _failed_finding(summary),
+    extra = (_parity_finding(summary, grouped), _modes_finding(summary), _lifetime_finding(summary),
+             _failed_finding(summary),
              _regression_finding(regression))
     findings += [f for f in extra if f is not None]
     return Verdict(lead=_lead(summary), findings=findings, chart=chart)

@@ -32,6 +32,7 @@ import logging
 import statistics
 
 from pipelines import platforms
+from pipelines.run import services
 from pipelines.config import BenchmarkConfig
 from pipelines.run import projection
 from pipelines.run.hardware import hardware
@@ -178,7 +179,7 @@ def cell_row(name: str, result: CellResult, target: float, network: str | None =
 
 def _median_phases(rows: list[CellRow]) -> dict[str, float]:
     """Per phase, the median over the repeats (a phase missing in a repeat counts as 0 s)."""
-    names = [p for p in (*phases.PHASES, phases.RETRIES) if any(p in r.phases for r in rows)]
+    names = [p for p in (phases.PROVISION, *phases.PHASES, phases.RETRIES) if any(p in r.phases for r in rows)]
     return {p: _stats([r.phases.get(p, 0.0) for r in rows if r.phases]).median for p in names}
 
 
@@ -314,6 +315,8 @@ def evaluate_run(config: BenchmarkConfig, paths: RunPaths) -> RunSummary:
                                  for r in ok_results),
         price_sheet=_price_sheet(config.tracking),
         cost_total=sum(c for c in costs if c is not None) if any(c is not None for c in costs) else None,
+        standing_clusters={name: [s["provision_seconds"] for s in starts]
+                           for name, starts in services.read_record(paths).items()},
     )
     summary.write(paths)
     log.info("summary: %d cells, %d failed -> %s", len(rows), len(failed), paths.summary)

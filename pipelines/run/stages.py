@@ -129,17 +129,17 @@ def stop_cluster(run_dir: str) -> list[str]:
 
 @contextlib.contextmanager
 def run_clusters(run_dir: str) -> Iterator[None]:
-    """The CLI's clusters for the block: started with the DAG's setup functions (tied to this
-    process: a SIGKILLed CLI leaves nothing behind) and stopped with its teardown functions,
-    whatever happened, SIGTERM included. An embedded Spark cluster that already ran (someone
-    else's) is used and left alone."""
+    """The CLI's services and clusters for the block: started with the DAG's setup functions (tied
+    to this process: a SIGKILLed CLI leaves nothing behind) and stopped with its teardown
+    functions, whatever happened, SIGTERM included: the services a cell started on demand (a
+    standing Ray cluster) too."""
     from pipelines.measure.signals import raise_on_sigterm
 
     stops = []
     with raise_on_sigterm():  # a SIGTERM'd run still stops its clusters
         try:
-            if start_services(run_dir, tied_to_caller=True):  # ours to stop (none: nothing, or another's)
-                stops.append(stop_services)
+            stops.append(stop_services)
+            start_services(run_dir, tied_to_caller=True)
             stops.append(stop_cluster)
             start_cluster(run_dir, tied_to_caller=True)
             yield

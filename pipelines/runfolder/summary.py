@@ -230,6 +230,9 @@ class RunSummary(BaseModel):
     estimated_cost_total: float = 0.0  # worker-hours x price_per_worker_hour; not in the report
     job: Job = Field(default_factory=Job)  # what the aggregates' ``projection`` projects to
     cost_total: float | None = None  # sum of the cells' cost (price sheet); None: no cell measured
+    # the run's standing clusters (pipelines.run.services): name -> the provision seconds of each
+    # start, outside every cell (a standing cell's phases hold none of it)
+    standing_clusters: dict[str, list[float]] = Field(default_factory=dict)
 
     def write(self, paths: RunPaths) -> None:
         atomic_write_text(paths.summary, self.model_dump_json(indent=2))

@@ -42,7 +42,8 @@ import time
 from collections.abc import Callable
 
 
-PHASES = ("provision", "launch", "data", "compute", "communication", "checkpoint", "evaluation", "teardown")
+PHASES = ("launch", "data", "compute", "communication", "checkpoint", "evaluation", "teardown")
+PROVISION = "provision"  # first, where the cell brought up its platform's cluster
 RETRIES = "retries"
 
 
@@ -111,11 +112,11 @@ def complete(worker_phases: dict[str, float], *, work_end: float, attempt_end: f
              earlier_attempts_seconds: float, provision_seconds: float = 0.0) -> dict[str, float]:
     """The cell's phases: the worker's (launch .. evaluation), ``provision`` split out of launch
     where the cell brought up its platform's cluster, teardown (result -> attempt end) and
-    retries (earlier attempts), in the order of ``PHASES``."""
-    phases = {p: float(worker_phases.get(p, 0.0)) for p in PHASES if p not in ("provision", "teardown")}
+    retries (earlier attempts), in the order of ``PHASES`` (``provision`` first where there is one)."""
+    phases = {p: float(worker_phases.get(p, 0.0)) for p in PHASES if p != "teardown"}
     if provision_seconds > 0:
         provision = min(provision_seconds, phases["launch"])  # inside the launch, never more than it
-        phases = {"provision": provision, **phases, "launch": phases["launch"] - provision}
+        phases = {PROVISION: provision, **phases, "launch": phases["launch"] - provision}
     phases["teardown"] = max(0.0, attempt_end - work_end)
     if earlier_attempts_seconds > 0:
         phases[RETRIES] = earlier_attempts_seconds

@@ -50,14 +50,29 @@ RUNNER = "deepspeed.launcher.runner"  # the `deepspeed` command's module
 STOP_GRACE_S = 35.0  # its launch.py gives the ranks 30 s after SIGTERM
 
 
+def local_slots(world_size: int, env: dict[str, str], gpus: int) -> list[str]:
+    """The runner's options for ``world_size`` ranks on this host: on a CPU host ``--num_gpus N``
+    (rank slots); on a GPU host ``--include localhost:<ids>``, the first ``world_size`` of the GPUs
+    CUDA_VISIBLE_DEVICES names (all when unset): the runner would drop CUDA_VISIBLE_DEVICES
+    itself and count from GPU 0."""
+    if not gpus:
+        return ["--num_gpus", str(world_size)]
+    visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()] or \
+        [str(i) for i in range(gpus)]
+    if world_size > len(visible):
+        raise ValueError(f"deepspeed: {world_size} workers need {world_size} GPUs (one rank per GPU); this host "
+                         f"has {len(visible)} ({', '.join(visible)})")
+    return ["--include", "localhost:" + ",".join(visible[:world_size])]
+
+
 def runner_command(module: str, cell_dir: Path, launch_time: float, *, master_port: int,
-                   num_gpus: int | None = None, hostfile: Path | None = None, node_rank: int | None = None,
+                   slots: list[str] | None = None, hostfile: Path | None = None, node_rank: int | None = None,
                    master_addr: str | None = None, python: str = sys.executable) -> list[str]:
-    """The ``deepspeed`` command line of one node: on this host alone (``num_gpus``) or as node
-    ``node_rank`` of a hostfile's nodes (``--no_ssh``)."""
+    """The ``deepspeed`` command line of one node: on this host alone (``slots``: ``local_slots``)
+    or as node ``node_rank`` of a hostfile's nodes (``--no_ssh``)."""
     cmd = [python, "-m", RUNNER, "--master_port", str(master_port)]
     if hostfile is None:
-        cmd += ["--num_gpus", str(num_gpus)]
+        cmd += list(slots or [])
     else:
         cmd += ["--hostfile", str(hostfile), "--no_ssh", "--node_rank", str(node_rank), "--master_addr",
                 str(master_addr)]
@@ -102,7 +117,14 @@ class DeepSpeedBackend(TrainingBackend):
         if importlib.util.find_spec("deepspeed") is None:
             return [("deepspeed: the deepspeed package is not installed here (requirements.txt pins it; install "
                      "with DS_BUILD_OPS=0: its ops are built only when used, and this platform uses none)")]
-        return super().preflight(config, cells)
+        gpus = torchrun.gpu_count() if config.cluster.kind == "local" else 0  # one host: one rank per GPU
+        found = []
+        for _, workers in cells:
+            try:
+                local_slots(workers, dict(os.environ), gpus)
+            except ValueError as err:
+                found.append(str(err))
+        return [*dict.fromkeys(found), *super().preflight(config, cells)]
 
     def strategy_refusal(self, strategy: TrainingStrategy, world_size: int) -> str | None:
         """DeepSpeed reduces (ZeRO: partitions) the gradients itself: the DDP-only strategies do not
@@ -118,9 +140,11 @@ class DeepSpeedBackend(TrainingBackend):
 
     def launch(self, spec: CellSpec, launch_time: float) -> None:
         self._hosts_by_cell().pop(spec.cell_dir, None)
-        cmd = runner_command(WORKER, spec.cell_dir, launch_time, master_port=free_port(), num_gpus=spec.world_size)
-        env = accelerator_env(torchrun.launch_env(spec.config, os.environ))
-        env.pop("CUDA_VISIBLE_DEVICES", None)  # --num_gpus picks the first N; the launcher sets it per node
+        gpus = torchrun.gpu_count()
+        env = accelerator_env(torchrun.launch_env(spec.config, os.environ, gpus=0), gpus=bool(gpus))
+        slots = local_slots(spec.world_size, env, gpus)
+        env.pop("CUDA_VISIBLE_DEVICES", None)  # in the slots; the launcher sets it for its ranks
+        cmd = runner_command(WORKER, spec.cell_dir, launch_time, master_port=free_port(), slots=slots)
         self._warn_retries(spec)
         execute(torchrun.isolated(cmd), env, spec.cell.log)
 

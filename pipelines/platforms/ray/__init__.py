@@ -54,7 +54,7 @@ PLATFORM = register(Platform(
 ))
 PER_JOB = register(Platform(
     name="ray_per_job", adapter=f"{__name__}.adapter:RayPerJobBackend", order=31,
-    label="Ray Train, per-job cluster", **{**_COMMON, "colour": "#a78bfa"}, lifetime="per_job",
+    label="Ray Train, per-job cluster", **{**_COMMON, "colour": "#a78bfa"}, lifetime="per_job", variant_of="ray",
     default=False, smoke=False,  # named where a run compares lifetimes (engines.ray: the same Ray)
     mode_caveats={"local-cluster": "Ray Train on a one-node Ray cluster started for the cell on this host: its "
                                    "provision is the cluster's start; " + _LOCAL},

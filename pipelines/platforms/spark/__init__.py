@@ -63,7 +63,8 @@ PLATFORM = register(Platform(
     mode_caveats={"local": _LOCAL}, **_COMMON, **_STANDING))
 PER_JOB = register(Platform(
     name="spark_per_job", adapter=f"{__name__}.adapter:SparkPerJobBackend", order=11,
-    label="Spark TorchDistributor, per-job cluster", colour="#fb923c", study_overhead=1.87, **_COMMON, **_PER_JOB))
+    label="Spark TorchDistributor, per-job cluster", colour="#fb923c", study_overhead=1.87, variant_of="spark",
+    **_COMMON, **_PER_JOB))
 DATAFRAME = register(Platform(
     name="spark_dataframe", adapter=f"{__name__}.dataframe:SparkDataFrameBackend", order=40,
     label="Spark TorchDistributor (DataFrame feed)", colour="#b45309",  # engines.spark: the same Spark
@@ -73,4 +74,4 @@ DATAFRAME = register(Platform(
 DATAFRAME_PER_JOB = register(Platform(
     name="spark_dataframe_per_job", adapter=f"{__name__}.dataframe:SparkDataFramePerJobBackend", order=41,
     label="Spark TorchDistributor (DataFrame feed), per-job cluster", colour="#d97706", study_overhead=1.87,
-    **_COMMON, **_PER_JOB))
+    variant_of="spark_dataframe", **_COMMON, **_PER_JOB))
