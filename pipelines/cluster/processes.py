@@ -134,6 +134,28 @@ def running(pid: int) -> bool:
         return False
 
 
+def identity(pid: int) -> list:
+    """[pid, start time]: what names one process for good (a pid alone may be reused later)."""
+    import psutil
+
+    try:
+        return [pid, psutil.Process(pid).create_time()]
+    except psutil.NoSuchProcess:
+        return [pid, None]
+
+
+def still(identity_: Sequence) -> bool:
+    """The process ``identity`` names still runs (the same pid and start time, not a zombie)."""
+    import psutil
+
+    pid, started = identity_
+    try:
+        proc = psutil.Process(pid)
+        return proc.create_time() == started and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def stop_groups(leaders: Sequence[int], grace_s: float, *, kill_wait_s: float = 5.0,
                 alive: Callable[[int], bool] = running) -> None:
     """SIGTERM the process group of each leader (``start_session``), wait up to ``grace_s`` until

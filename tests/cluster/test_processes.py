@@ -100,3 +100,18 @@ def test_free_ports_here_and_on_a_host():
     broken = SimpleNamespace(name="nowhere", address="203.0.113.1", run=host.run)  # not an address of ours
     with pytest.raises(RuntimeError, match="could not find 1 free port"):
         processes.free_port_on(broken)
+
+
+def test_an_identity_names_one_process_for_good():
+    """pid + start time: a process that ended, or another one under the same pid, is not it."""
+    import subprocess
+    import sys
+
+    from pipelines.cluster.processes import identity, still
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    mark = identity(proc.pid)
+    assert still(mark) and not still([proc.pid, mark[1] - 1.0])  # the same pid, started at another time
+    proc.kill()
+    proc.wait()
+    assert not still(mark)

@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from pipelines.cluster.processes import running, start_session, stop_tree
+from pipelines.cluster.processes import identity, start_session, still, stop_tree
 from pipelines.config import BenchmarkConfig
 from pipelines.platforms.ray.hosts import (NO_DRAIN, NODE_START_S, NODE_STOP_S, OBJECT_STORE_BYTES, READY,
                                            STOP_GRACE_S, node_argv, process_env)
@@ -133,7 +133,7 @@ class StandingRay:
 
     def running(self, paths: RunPaths) -> bool:
         found = state(paths)
-        return bool(found) and all(running(pid) for pid in found["pids"])
+        return bool(found) and all(still(mark) for mark in found.get("identities", []))
 
     def start(self, paths: RunPaths, config: BenchmarkConfig, tied_to_caller: bool = False) -> str:
         self.stop(paths)  # a dead one's leftovers
@@ -144,7 +144,9 @@ class StandingRay:
                  else _token(Path.home() / ".ray" / "auth_token", fresh=False))
         env = {**process_env(), **NO_DRAIN, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": token}
         found = _start_hosts(paths, config, env) if hosts else _start_local(paths, config, env, tied_to_caller)
-        atomic_write_json(folder(paths) / "state.json", {**found, "token": token})
+        # pid and start time of each node: running() and stop() never mistake a reused pid for it
+        atomic_write_json(folder(paths) / "state.json", {**found, "token": token,
+                                                         "identities": [identity(p) for p in found["pids"]]})
         return found["address"]
 
     def stop(self, paths: RunPaths) -> list[int]:
@@ -152,7 +154,8 @@ class StandingRay:
         if found is None:
             return []
         (folder(paths) / "state.json").unlink(missing_ok=True)
-        stop_tree(found["pids"], NODE_STOP_S, tree=False)  # `ray start --block` stops its node on SIGTERM
+        ours = [mark[0] for mark in found.get("identities", []) if still(mark)]  # never a reused pid
+        stop_tree(ours, NODE_STOP_S, tree=False)  # `ray start --block` stops its node on SIGTERM
         left = _leftovers(found["temp_dirs"])
         stop_tree(left, STOP_GRACE_S, tree=False)
         for temp_dir in found["temp_dirs"]:

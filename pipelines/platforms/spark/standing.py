@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from pipelines.cluster.processes import running
+from pipelines.cluster.processes import identity, still
 from pipelines.config import BenchmarkConfig
 from pipelines.platforms.spark.hosts import standing_folder as _folder, standing_state as _state, start_daemons, stop_hosts
 from pipelines.runfolder.fileio import atomic_write_json
@@ -37,7 +37,7 @@ class StandingOnHosts:
 
     def running(self, paths: RunPaths) -> bool:
         state = _state(paths)
-        return bool(state) and all(running(pid) for pid in state["pids"])
+        return bool(state) and all(still(mark) for mark in state.get("identities", []))
 
     def start(self, paths: RunPaths, config: BenchmarkConfig, tied_to_caller: bool = False) -> str:
         hosts = _run_hosts(paths)
@@ -47,6 +47,7 @@ class StandingOnHosts:
         stop_hosts(hosts)  # what an earlier cell or a failed start left
         url, procs = start_daemons(hosts, _folder(paths), cores, with_procs=True)
         atomic_write_json(_folder(paths) / "state.json", {"url": url, "pids": [p.pid for p in procs],
+                                                          "identities": [identity(p.pid) for p in procs],
                                                           "hosts": [h.name for h in hosts]})
         return url
 
