@@ -28,3 +28,7 @@ def test_the_verdict_says_which_lifetime_each_platform_is_and_what_per_job_adds(
     assert "spark_per_job: per-job clusters" in lifetimes
     assert "At 2 worker(s), spark_per_job takes +" in lifetimes and "provision 12.0 s" in lifetimes
     assert "ddp" not in lifetimes  # no cluster of its own
+    from pipelines.report import build_report
+
+    md = open(build_report(config, paths)["markdown"]).read()
+    assert "Standing clusters, started outside the cells" in md and "provision" in md

@@ -19,6 +19,7 @@ from pipelines.runfolder.paths import cell_name
 from pipelines.report.tables import _md_table, _text, split_table
 from pipelines.measure.resources import read_timeline
 from pipelines.measure.outside import OUTSIDE_SHARE_BOUND
+from pipelines.report.lifetimes import standing_provision
 from pipelines.runfolder.results import CellResult, ResourceUsage
 from pipelines.runfolder.summary import RunSummary
 
@@ -194,6 +195,13 @@ def beside_lines(results_by_cell: dict[str, CellResult]) -> list[str]:
     return lines + (["Flagged:", "", *flagged] if flagged else ["No cell flagged."])
 
 
+def standing_lines(summary: RunSummary) -> list[str]:
+    """The run's standing clusters: started outside every cell, so no cell's phases hold their start."""
+    text = standing_provision(summary)
+    return [f"Standing clusters, started outside the cells (each start, not in any cell's figures): {_text(text)}."
+            ] if text else []
+
+
 def costs_markdown(summary: RunSummary, results_by_cell: dict[str, CellResult], report_dir: Path) -> str:
     """The report's "What each platform costs" section (Markdown, every value escaped), with the
     timelines ``timeline_plots`` wrote into ``report_dir``."""
@@ -206,7 +214,7 @@ def costs_markdown(summary: RunSummary, results_by_cell: dict[str, CellResult], 
     hosts = host_rows(results_by_cell)
     if hosts:
         parts += ["### Per host", *split_table(HOST_COLUMNS, hosts, COST_SECOND, keys=("cell", "host"))]
-    parts += ["### Beside each cell", "\n".join(beside_lines(results_by_cell))]
+    parts += ["### Beside each cell", "\n".join(beside_lines(results_by_cell) + standing_lines(summary))]
     parts += ["### How it was measured", "\n".join(_method_lines(summary, results_by_cell))]
     plots = [(name, timeline_file(report_dir, name)) for name in results_by_cell]
     plots = [(name, path) for name, path in plots if path.exists()]
