@@ -12,20 +12,21 @@ import logging
 import os
 
 from pipelines.platforms.spark import distributor
-from pipelines.platforms.spark.adapter import SparkBackend
-from pipelines.platforms.spark.dataframe import SparkDataFrameBackend
+from pipelines.platforms.spark.adapter import SparkBackend, SparkPerJobBackend
+from pipelines.platforms.spark.dataframe import SparkDataFrameBackend, SparkDataFramePerJobBackend
 from pipelines.platforms.spark.hosts import FEEDS, session_conf
 from pipelines.training.cell import CellSpec
 
-ADAPTERS = {"files": SparkBackend, "dataframe": SparkDataFrameBackend}  # by TrainingBackend.data_feed
+ADAPTERS = {cls.name: cls for cls in (SparkBackend, SparkPerJobBackend, SparkDataFrameBackend,
+                                      SparkDataFramePerJobBackend)}  # the Spark platforms' adapters
 
 
 def drive(cell_dir: str, launch_time: float, master: str, feed: str) -> None:
     """The cell's session on ``master`` (the cluster on the hosts), the feed's training step."""
     spec = CellSpec.read(cell_dir)
-    backend = ADAPTERS[feed]()
-    if backend.name != spec.backend:
-        raise ValueError(f"--feed {feed} is {backend.name}'s; the cell's backend is {spec.backend}")
+    backend = ADAPTERS[spec.backend]()
+    if backend.data_feed != feed:
+        raise ValueError(f"--feed {feed}: the cell's backend {spec.backend} feeds {backend.data_feed!r}")
     address = os.environ["SPARK_LOCAL_IP"]
     distributor.run_distributor(spec, launch_time, backend.train, master=master, conf=session_conf(address))
 
