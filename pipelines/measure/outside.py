@@ -37,6 +37,19 @@ def outside_figures(busy_before: float | None, busy_after: float | None, cell_cp
     return {"outside_cpu_seconds": round(outside, 3), "outside_cpu_share": round(outside / (wall * cpus), 4)}
 
 
+# the emulated hosts themselves: their keeper holds the namespaces and cgroups, idle (the machine
+# the cells run on, not a process beside them)
+INFRASTRUCTURE = ("pipelines.cluster.keeper",)
+
+
+def is_infrastructure(pid: int) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
+    return any(marker in cmdline for marker in INFRASTRUCTURE)
+
+
 def run_processes_outside(before: dict[int, tuple[int, str]], table: dict[int, tuple]) -> dict[str, int]:
     """Kind -> count of the run's processes that ran before the cell (under its driver, not the
     cell's) and are still alive: ``before`` is pid -> (start ticks, kind) taken at the first sample."""

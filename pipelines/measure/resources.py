@@ -5,10 +5,9 @@
 (the driver) and those started under it during the cell, ``daemons`` and theirs, and all in an
 emulated host's cgroups (cpuacct, memory: they measure the host; /proc splits it). Ranks wrote
 ``<cell>/ranks/rank-<k>.pid`` (``write_rank_pid``, from the shared loop); the rest is the platform's,
-by ``process_kind``. One pass over /proc every ``interval_s``: a process's CPU after its last sample
-(under one interval) is not counted locally; the hosts' cgroups count all. It never fails a cell
-(what it cannot measure is logged and noted).
-"""
+by ``process_kind``. One pass over /proc every ``interval_s`` (a process's CPU after its last sample
+is not counted locally; the hosts' cgroups count all); what ran beside the cell: ``outside``. It
+never fails a cell (what it cannot measure is logged and noted)."""
 
 from __future__ import annotations
 
@@ -25,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipelines.measure.outside import host_busy_seconds, outside_figures, run_processes_outside
+from pipelines.measure.outside import host_busy_seconds, is_infrastructure, outside_figures, run_processes_outside
 from pipelines.runfolder.fileio import atomic_write_json
 from pipelines.runfolder.paths import CellPaths
 from pipelines.runfolder.results import HostUsage, ResourceUsage
@@ -218,8 +217,7 @@ class Sampler:
         self._stop, self._thread, self._failures = threading.Event(), None, 0
         self._sampler_cpu, self._usage, self._gpus = 0.0, None, 0
         self._busy: list[float | None] = []  # the machine's busy CPU seconds at the start and the end
-        self._before_kinds: dict[int, tuple[int, str]] = {}  # the run's processes before the cell
-        self._outside: dict[str, int] = {}
+        self._before_kinds, self._outside = {}, {}  # the run's processes before the cell; kinds left
 
     def start(self) -> Sampler:
         try:
@@ -281,13 +279,17 @@ class Sampler:
                 if pid not in out:
                     out[pid] = ours
                     stack.extend(children.get(pid, ()))
-        if not self._samples:  # the first pass: what already ran under this process is not the cell's
-            self._before = {p for p, ours in out.items() if ours and p != self.me}
-            self._before_kinds = {p: (table[p][3], _kind_of(p, table[p][1])) for p in self._before}
-        where = {p: DRIVER for p in out if p not in self._before}
+        hosted = {}
         for h in self.hosts:
             procs = _cgroup(h, "cgroup.procs")
-            where.update((int(p), h.name) for p in (procs.read_text().split() if procs else ()))
+            hosted.update((int(p), h.name) for p in (procs.read_text().split() if procs else ()))
+        if not self._samples:  # the first pass: what already ran under this process is not the cell's
+            self._before = {p for p, ours in out.items() if ours and p != self.me}
+            # beside the cell: neither its hosts' processes (the cell's) nor the hosts' keeper
+            self._before_kinds = {p: (table[p][3], _kind_of(p, table[p][1])) for p in self._before
+                                  if p not in hosted and not is_infrastructure(p)}
+        where = {p: DRIVER for p in out if p not in self._before}
+        where.update(hosted)
         return {p: w for p, w in where.items() if p in table}
 
     def _sample(self) -> None:

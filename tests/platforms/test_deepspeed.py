@@ -69,6 +69,15 @@ def test_the_platform_is_a_builtin_with_its_settings(tmp_path, imdb_dir, bert_ti
     assert "zero3-offload-optimizer-parameters-2-hosts" in platform.mode_caveats
 
 
+def test_the_trigger_form_offers_it_and_takes_its_settings():
+    from pipelines.run.dag_plan import config_from_params, param_specs
+
+    assert "deepspeed" in param_specs()["backends"]["items"]["enum"]
+    config = config_from_params({"profile": "smoke", "backends": ["ddp", "deepspeed"],
+                                 "overrides": {"engines.deepspeed.zero_stage": 3}}, environ={})
+    assert config.matrix.backends == ["ddp", "deepspeed"] and config.engine("deepspeed").zero_stage == 3
+
+
 def test_the_ddp_only_strategies_are_refused_with_the_reason():
     backend = ds_adapter.DeepSpeedBackend()
 
