@@ -86,7 +86,8 @@ class _FakeHost(SimpleNamespace):
 
 def test_every_host_is_stopped_when_the_start_fails_and_a_bad_split_starts_nothing(tmp_path, monkeypatch):
     hosts = [_FakeHost(name=h.name, address=h.address, stopped=None) for h in HOSTS]
-    spec = SimpleNamespace(world_size=2, cell_dir=tmp_path, cell=SimpleNamespace(log=tmp_path / "train.log"))
+    spec = SimpleNamespace(world_size=2, cell_dir=tmp_path, cell=SimpleNamespace(log=tmp_path / "train.log",
+                                                                          provision=tmp_path / "provision.json"))
 
     def boom(*_):
         raise KeyboardInterrupt
