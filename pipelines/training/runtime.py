@@ -30,13 +30,16 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
 from pipelines.config import TrainingStrategy
 from pipelines.training import strategies
-from pipelines.training.distributed import DistEnv, TorchDistributed
 from pipelines.training.record import TrainingRecord
+
+if TYPE_CHECKING:  # the seam calls runtime_for: annotations only here
+    from pipelines.training.distributed import DistEnv, TorchDistributed
 
 log = logging.getLogger("pipelines.training")
 

@@ -167,7 +167,7 @@ class DeepSpeedDistributed(TorchDistributed):
         from pipelines.platforms.deepspeed.engine import DeepSpeedEngine, ds_config
 
         config = ds_config(self.spec.config.training.batch_size, env.world_size, self.settings.zero_stage,
-                           self.settings.offload, comms_logger=not os.environ.get("DSX_NO_LOGGER"))
+                           self.settings.offload)
         engine = DeepSpeedEngine(config, env.is_main)
         engine.after_attach = self.comm_timer.discard  # initialize's broadcasts are no training step's
         self.ds_engine = engine
