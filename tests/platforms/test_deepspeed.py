@@ -137,6 +137,7 @@ def test_the_deepspeed_config_of_a_cell_and_checkpoint_pruning(tmp_path):
         (16, 32, 1)
     assert cfg["zero_optimization"] == {"stage": 2} and cfg["gradient_clipping"] == 0.0
     assert "fp16" not in cfg and "bf16" not in cfg and "optimizer" not in cfg  # fp32 masters, the loop's AdamW
+    assert cfg["comms_logger"]["enabled"] and "comms_logger" not in ds_config(16, 2, 2, "none", comms_logger=False)
     zero3 = ds_config(8, 4, 3, "optimizer+parameters")["zero_optimization"]
     assert zero3["offload_optimizer"]["device"] == zero3["offload_param"]["device"] == "cpu"
     for epoch in (1, 2, 3):

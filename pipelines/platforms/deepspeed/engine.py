@@ -50,7 +50,7 @@ def ds_config(batch_size: int, world_size: int, zero_stage: int, offload: str, *
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
     if offload == "optimizer+parameters":
         zero["offload_param"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
-    return {
+    config = {
         "train_micro_batch_size_per_gpu": int(batch_size),
         "gradient_accumulation_steps": 1,
         "train_batch_size": int(batch_size) * int(world_size),
@@ -60,8 +60,10 @@ def ds_config(batch_size: int, world_size: int, zero_stage: int, offload: str, *
         "zero_force_ds_cpu_optimizer": False,  # offload with it too: no DeepSpeedCPUAdam to compile
         "steps_per_print": 2**31 - 1,  # the loop logs progress
         "wall_clock_breakdown": False,
-        "comms_logger": {"enabled": bool(comms_logger), "verbose": False, "prof_all": True, "debug": False},
     }
+    if comms_logger:  # DeepSpeed turns the logger on when the key is there, whatever its "enabled" says
+        config["comms_logger"] = {"enabled": True, "verbose": False, "prof_all": True, "debug": False}
+    return config
 
 
 class DeepSpeedEngine(TorchEngine):
