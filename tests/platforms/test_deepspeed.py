@@ -53,7 +53,7 @@ def _run(root: Path, name: str, imdb_dir: Path, bert_tiny_dir: Path, **update):
 # --- without training ------------------------------------------------------------------------------
 def test_the_platform_is_a_builtin_with_its_settings(tmp_path, imdb_dir, bert_tiny_dir):
     platform = platforms.get("deepspeed")
-    assert "deepspeed" in platforms.default_names() and "deepspeed" in platforms.smoke_names()
+    assert "deepspeed" in platforms.default_names() and "deepspeed" not in platforms.smoke_names()  # too slow for it
     assert platforms.styles()["deepspeed"] == {"label": "DeepSpeed (ZeRO)", "colour": "#0891b2"}
     assert platform.package == "pipelines.platforms.deepspeed"
     config = _config(tmp_path, imdb_dir, bert_tiny_dir)
