@@ -14,7 +14,8 @@ from pipelines.platforms import Platform, register
 
 
 class RaySettings(BaseModel):
-    """``engines.ray``: None = a local Ray cluster per cell; else the cluster to join."""
+    """``engines.ray``: None = the run's own Ray cluster (``ray``: standing, kept for the run;
+    ``ray_per_job``: one per cell); else a cluster someone keeps standing, to join."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -27,7 +28,7 @@ class RaySettings(BaseModel):
     def _known_address(cls, v: str | None) -> str | None:
         if v is None or v == "auto" or re.fullmatch(r"(ray://)?[A-Za-z0-9_.\-]+:\d{1,5}", v):
             return v
-        raise ValueError("must be empty (a local Ray cluster started for each cell), 'auto' (the cluster "
+        raise ValueError("must be empty (the run's own Ray cluster), 'auto' (the cluster "
                          "this host belongs to), ray://host:port (Ray Client) or host:port (the head's GCS)")
 
 
