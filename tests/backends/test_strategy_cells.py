@@ -32,7 +32,7 @@ def test_fsdp_cell_trains_on_two_cpu_ranks(strategy_config, run_paths):
     result = run_cell(strategy_config, run_paths, "ddp", 2, 0, strategy="fsdp")
     assert result.status == "ok" and result.strategy == "fsdp" and result.sharding == "fsdp"
     assert run_paths.cell("ddp", 2, 0, "fsdp").root.name == "ddp-fsdp-w2-r0"
-    assert len(result.epochs) == strategy_config.epochs and result.test.accuracy > 0
+    assert len(result.epochs) == strategy_config.training.epochs and result.test.accuracy > 0
     # checkpoint and export hold the full (unsharded) model: it loads like any other
     from transformers import AutoModelForSequenceClassification
 
