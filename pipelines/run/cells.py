@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pipelines import platforms
+from pipelines.run import services
 from pipelines.measure import attempts, faults
 from pipelines.config import BenchmarkConfig
 from pipelines.runfolder.paths import DEFAULT_NETWORK, DEFAULT_STRATEGY, RunPaths
@@ -46,12 +47,14 @@ def run_cell(config: BenchmarkConfig, paths: RunPaths, backend: str, workers: in
     worker count is refused (``UnsupportedStrategy``, recorded as the cell's failure) before
     the cell starts. ``hosts``: the machines the ranks run on (``pipelines.cluster``), linked by
     ``network``; None = this host. ``before_window``: called under the host's timing lock right
-    before the cell's window (the run's standing clusters, ``pipelines.run.services``)."""
+    before the cell's window; by default the run's standing clusters are brought up or stopped for
+    it (``pipelines.run.services.before_cell``: a standing cluster then stays up after the cell
+    until another platform's cell, or ``services.stop``)."""
     cell = paths.cell(backend, workers, repeat, strategy, network)
     where = {"network": network, "cluster": cluster}
     try:
         adapter = get_backend(backend)
-        adapter.before_window = before_window
+        adapter.before_window = before_window or (lambda: services.before_cell(config, paths, backend))
         result = adapter.run(config, workers, paths=paths, cell=cell, repeat=repeat, strategy=strategy, hosts=hosts)
         if (result.network, result.cluster) != (network, cluster):
             result = result.model_copy(update=where)

@@ -70,15 +70,16 @@ def start(config: BenchmarkConfig, paths: RunPaths, tied_to_caller: bool = False
     return out
 
 
-def before_cell(config: BenchmarkConfig, paths: RunPaths, backend: str) -> None:
+def before_cell(config: BenchmarkConfig, paths: RunPaths, backend: str, tied_to_caller: bool = False) -> None:
     """Under the host lock, before the cell's window: the standing services its platform uses are
-    up, every other service is down (nothing of the run beside the cell)."""
+    up, every other service is down (nothing of the run beside the cell). ``tied_to_caller``: what
+    it starts ends with this process (the CLI); else it outlives it until ``stop`` (a DAG task)."""
     platform = platforms.get(backend)
     mine = set(platform.services) if platform.lifetime == "standing" else set()
     for target, service in declared().items():
         used = target in mine and service.wanted(config)
         if used and not service.running(paths):
-            _start(service, paths, config, tied_to_caller=False)
+            _start(service, paths, config, tied_to_caller=tied_to_caller)
         elif not used and service.running(paths):
             log.info("%s: stopped before %s's cell (nothing of the run beside a timed cell)", service.name, backend)
             service.stop(paths)

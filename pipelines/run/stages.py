@@ -127,6 +127,9 @@ def stop_cluster(run_dir: str) -> list[str]:
     return lifecycle.stop(RunPaths(Path(run_dir)))
 
 
+_CLI_OWNS_SERVICES = False  # inside run_clusters: the CLI owns the run's services (they die with it)
+
+
 @contextlib.contextmanager
 def run_clusters(run_dir: str) -> Iterator[None]:
     """The CLI's services and clusters for the block: started with the DAG's setup functions (tied
@@ -135,15 +138,18 @@ def run_clusters(run_dir: str) -> Iterator[None]:
     standing Ray cluster) too."""
     from pipelines.measure.signals import raise_on_sigterm
 
+    global _CLI_OWNS_SERVICES
     stops = []
     with raise_on_sigterm():  # a SIGTERM'd run still stops its clusters
         try:
+            _CLI_OWNS_SERVICES = True  # what a cell starts on demand ends with the CLI too
             stops.append(stop_services)
             start_services(run_dir, tied_to_caller=True)
             stops.append(stop_cluster)
             start_cluster(run_dir, tied_to_caller=True)
             yield
         finally:
+            _CLI_OWNS_SERVICES = False
             for stop in reversed(stops):
                 stop(run_dir)
 
@@ -237,7 +243,7 @@ def _train_once(config: BenchmarkConfig, paths: RunPaths, backend: str, workers:
 
     hosts = hosts_for_cell(paths, config, workers, network)
     where = {"hosts": hosts, "network": network, "cluster": config.cluster.kind,
-             "before_window": lambda: services.before_cell(config, paths, backend)}
+             "before_window": lambda: services.before_cell(config, paths, backend, tied_to_caller=_CLI_OWNS_SERVICES)}
     with terminate_tree_on_signal():  # SIGTERM/SIGINT: no orphan keeps training, the cell fails
         if _node_rank(config, backend) > 0:  # node 0 tracks the cell; other nodes only lend processes
             return run_cell(config, paths, backend, workers, repeat, strategy, **where)

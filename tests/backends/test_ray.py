@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from pipelines.run.cells import run_cell
-from pipelines.platforms.ray.adapter import RayBackend
+from pipelines.platforms.ray.adapter import RayBackend, RayPerJobBackend
 from pipelines.platforms.ray.trainer import is_ray_process, local_cluster_options, worker_env_vars
 from pipelines.config import ConfigError, load_config
 from pipelines.runfolder.paths import PROJECT_ROOT, CellPaths, RunPaths
@@ -54,7 +54,7 @@ def ray_cells(trained):
     """``ray_cells(workers)`` -> the ray cell's result; after each, no Ray process is left."""
     def _get(workers: int) -> CellResult:
         before = ray_processes()
-        result = trained("ray", workers)
+        result = trained("ray_per_job", workers)
         assert_no_new_ray_processes(before)
         return result
 
@@ -66,7 +66,7 @@ def ray_cells(trained):
 def test_ray_cell_returns_a_complete_result(ray_cells, run_paths, workers):
     result = ray_cells(workers)
     assert result.status == "ok" and result.error is None
-    assert result.backend == "ray" and result.world_size == workers
+    assert result.backend == "ray_per_job" and result.world_size == workers
     assert result.platform_mode == "local-cluster"
     assert result.versions["launcher"] == "TorchTrainer" and result.versions["ray"] == "2.60.0"
     assert result.versions["ray_model_wrapper"] == "project-ddp"
@@ -76,9 +76,9 @@ def test_ray_cell_returns_a_complete_result(ray_cells, run_paths, workers):
     assert result.test is not None and sum(map(sum, result.test.confusion_matrix)) == 128
     for field in ("startup_seconds", "training_seconds", "evaluation_seconds", "total_seconds"):
         assert getattr(result, field) > 0, field
-    assert CellResult.read(run_paths.cell("ray", workers, 0).result) == result
+    assert CellResult.read(run_paths.cell("ray_per_job", workers, 0).result) == result
     # every epoch's checkpoint went through Ray's checkpoint API into the cell folder
-    ray_run = run_paths.cell("ray", workers, 0).root / "ray" / f"ray-w{workers}-r0"
+    ray_run = run_paths.cell("ray_per_job", workers, 0).root / "ray" / f"ray_per_job-w{workers}-r0"
     assert sorted(p.name for p in ray_run.glob("epoch-*")) == ["epoch-0001", "epoch-0002"]
     assert (ray_run / "epoch-0002" / "epoch-0002.pt").stat().st_nlink >= 2  # a hard link, no copy
 
@@ -100,8 +100,8 @@ def test_failed_ray_cell_leaves_a_failed_result_and_no_ray_process(bench_config,
     empty.manifest.write_text(run_paths.manifest.read_text())  # a task, but no token shards
     before = ray_processes()
     with pytest.raises(Exception, match="no token shards"):
-        run_cell(bench_config, empty, "ray", 2, 0)
-    failed = CellResult.read(empty.cell("ray", 2, 0).result)
+        run_cell(bench_config, empty, "ray_per_job", 2, 0)
+    failed = CellResult.read(empty.cell("ray_per_job", 2, 0).result)
     assert failed.status == "failed" and "no token shards" in failed.error
     assert_no_new_ray_processes(before)
 
@@ -149,9 +149,9 @@ def test_ray_cell_killed_after_epoch_1_resumes_from_rays_checkpoint(ray_cells, t
     reference = ray_cells(1)
     cell = CellPaths(run_paths.cells / "ray-w1-killed")
     save_config(bench_config, tmp_path / "config.json")
-    driver = (f"from pathlib import Path\nfrom pipelines.platforms.ray.adapter import RayBackend\n"
+    driver = (f"from pathlib import Path\nfrom pipelines.platforms.ray.adapter import RayPerJobBackend\n"
               f"from pipelines.config import read_config\nfrom pipelines.runfolder.paths import CellPaths, RunPaths\n"
-              f"RayBackend().run(read_config(Path({str(tmp_path / 'config.json')!r})), 1, "
+              f"RayPerJobBackend().run(read_config(Path({str(tmp_path / 'config.json')!r})), 1, "
               f"paths=RunPaths(Path({str(run_paths.root)!r})), cell=CellPaths(Path({str(cell.root)!r})))\n")
     before = ray_processes()
     proc = subprocess.Popen([sys.executable, "-c", driver], env={**os.environ, **fault_injection.env(1, PROJECT_ROOT)},
@@ -182,7 +182,7 @@ def test_ray_cell_killed_after_epoch_1_resumes_from_rays_checkpoint(ray_cells, t
     assert not cell.worker_result.exists()
     shutil.rmtree(cell.checkpoints)  # only Ray's copy is left
 
-    resumed = RayBackend().run(bench_config, 1, paths=run_paths, cell=cell)
+    resumed = RayPerJobBackend().run(bench_config, 1, paths=run_paths, cell=cell)
     assert resumed.resumed_from_epoch == 1
     assert "restored from Ray's checkpoint" in cell.log.read_text()
     assert [e.epoch for e in resumed.epochs] == [1, 2]

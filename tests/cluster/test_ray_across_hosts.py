@@ -35,7 +35,7 @@ def _config(tmp_path: Path, imdb_dir: Path, bert_tiny_dir: Path, **overrides):
         "dataset_source": str(imdb_dir), "tokenizer_source": str(bert_tiny_dir),
         "model_source": str(bert_tiny_dir), "output_root": str(tmp_path / "runs"),
         "epochs": 1, "max_seq_len": 32, "batch_policy": "per_worker", "batch_size": 16,
-        "backends": ["ray"], "worker_counts": [2], **overrides})
+        "backends": ["ray", "ray_per_job"], "worker_counts": [2], **overrides})
 
 
 def _options(argv: list[str]) -> dict[str, str | bool]:
@@ -117,7 +117,7 @@ def test_a_ray_cell_across_two_emulated_hosts(tmp_path, imdb_dir, bert_tiny_dir)
     config = _config(tmp_path, imdb_dir, bert_tiny_dir)
     before = ray_daemons()
     with EmulatedCluster("rayx", hosts=2, network="100mbit") as cluster:
-        result = run_cell(config, paths, "ray", 2, hosts=cluster.hosts)
+        result = run_cell(config, paths, "ray_per_job", 2, hosts=cluster.hosts)  # the cell's own cluster
         left = {h.name: h.pids() for h in cluster.hosts}  # the launch stopped every node
         addresses = [h.address for h in cluster.hosts]
         temp_dirs = [ray_hosts.node_temp_dir(h) for h in cluster.hosts]
@@ -132,7 +132,7 @@ def test_a_ray_cell_across_two_emulated_hosts(tmp_path, imdb_dir, bert_tiny_dir)
     assert abs(phases.unattributed(result.phases, result.total_seconds)) <= 0.02 * result.total_seconds
     assert sorted(result.placements) == [f"h{k} {addresses[k]}" for k in (0, 1)]  # measured by each rank
 
-    cell = paths.cell("ray", 2, 0)
+    cell = paths.cell("ray_per_job", 2, 0)
     log_text = cell.log.read_text()
     assert "2 node(s) alive" in log_text and addresses[1] in log_text  # the driver's output, teed
     moved = json.loads(cell.link_bytes.read_text())

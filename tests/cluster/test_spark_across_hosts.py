@@ -36,7 +36,8 @@ def _config(tmp_path: Path, imdb_dir: Path, bert_tiny_dir: Path, **overrides):
         "dataset_source": str(imdb_dir), "tokenizer_source": str(bert_tiny_dir),
         "model_source": str(bert_tiny_dir), "output_root": str(tmp_path / "runs"),
         "epochs": 1, "max_seq_len": 32, "batch_policy": "per_worker", "batch_size": 16,
-        "backends": ["spark", "spark_dataframe"], "worker_counts": [2], **overrides})
+        "backends": ["spark", "spark_dataframe", "spark_per_job", "spark_dataframe_per_job"], "worker_counts": [2],
+        **overrides})
 
 
 def test_daemon_driver_and_session_settings_bind_each_host(tmp_path, imdb_dir, bert_tiny_dir):
@@ -122,7 +123,7 @@ _NO_NETNS = why_unavailable()
 
 @pytest.mark.slow
 @pytest.mark.skipif(_NO_NETNS is not None, reason=str(_NO_NETNS))
-@pytest.mark.parametrize("backend", ["spark", pytest.param("spark_dataframe", marks=pytest.mark.heavy)])
+@pytest.mark.parametrize("backend", ["spark_per_job", pytest.param("spark_dataframe_per_job", marks=pytest.mark.heavy)])
 def test_a_spark_cell_across_two_emulated_hosts(backend, tmp_path, imdb_dir, bert_tiny_dir):
     from pipelines.run.cells import run_cell
     from pipelines.cluster import EmulatedCluster
@@ -141,9 +142,9 @@ def test_a_spark_cell_across_two_emulated_hosts(backend, tmp_path, imdb_dir, ber
     assert jvms == [], jvms
 
     assert result.status == "ok" and result.world_size == 2, result.error
-    assert result.platform_mode == "cluster-2-hosts" and result.data_feed == ("dataframe" if "_" in backend
-                                                                              else "files")
-    assert result.test is not None and result.phases["compute"] > 0
+    assert result.platform_mode == "cluster-2-hosts" and result.data_feed == (
+        "dataframe" if "dataframe" in backend else "files")
+    assert result.test is not None and result.phases["compute"] > 0 and result.phases["provision"] > 0
     assert abs(phases.unattributed(result.phases, result.total_seconds)) <= 0.02 * result.total_seconds
 
     # each rank's own report: its host, its eth0 address, the executor that started it
