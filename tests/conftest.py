@@ -95,10 +95,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 # A test without it that starts an engine process itself (or through a fixture) fails, naming the
 # command. Seen: what this interpreter spawns (subprocess, os.posix_spawn, os.exec*), not what
 # its children spawn, nor training in-process (tests/backends/test_loop_seam.py: marked by hand).
-_ENGINE_PROGRAMS = {"torchrun", "java", "spark-submit", "spark-class", "ray", "raylet", "gcs_server", "det", "deepspeed",
-                    "airflow", "celery", "dockerd", "containerd", "chromium", "chrome", "headless_shell"}
-_ENGINE_MODULES = ("torch.distributed.run", "torch.distributed.launch", "determined.launch", "deepspeed.launcher", "airflow",
-                   "celery", "ray.", "pyspark")
+_ENGINE_PROGRAMS = {"torchrun", "java", "spark-submit", "spark-class", "ray", "raylet", "gcs_server", "det",
+                    "deepspeed", "airflow", "celery", "dockerd", "containerd", "chromium", "chrome", "headless_shell"}
+_ENGINE_MODULES = ("torch.distributed.run", "torch.distributed.launch", "determined.launch", "deepspeed.launcher",
+                   "airflow", "celery", "ray.", "pyspark")
 _SERVER_PROGRAMS = {"mlflow": ("server", "ui"), "node": ("run-driver",)}  # playwright's driver: a browser
 _watched: dict = {"nodeid": None, "engines": []}
 
