@@ -53,14 +53,6 @@ class SparkPerJobBackend(SparkBackend):
         refusal = spark_torch.per_job_refusal(config, self.name)
         return [*([refusal] if refusal else []), *super().preflight(config, cells)]
 
-    def run(self, config: BenchmarkConfig, world_size: int, *, hosts: list | None = None, **kwargs):
-        """As every backend's; across ``hosts`` its own cluster is built on them (no refusal)."""
-        self._on_hosts = bool(hosts)
-        try:
-            return super().run(config, world_size, hosts=hosts, **kwargs)
-        finally:
-            self._on_hosts = False
-
     def spec(self, config: BenchmarkConfig, world_size: int, *args, **kwargs) -> CellSpec:
         refusal = None if getattr(self, "_on_hosts", False) else spark_torch.per_job_refusal(config, self.name)
         if refusal:

@@ -151,14 +151,6 @@ class SparkDataFrameBackend(SparkOnHosts, TrainingBackend):
         refusal = local_master_refusal(config.engine("spark").master) if config.cluster.kind == "local" else None
         return [*([refusal] if refusal else []), *super().preflight(config, cells)]
 
-    def run(self, config: BenchmarkConfig, world_size: int, *, hosts: list | None = None, **kwargs):
-        """As every backend's; across ``hosts`` the configured master is not used (no refusal)."""
-        self._on_hosts = bool(hosts)
-        try:
-            return super().run(config, world_size, hosts=hosts, **kwargs)
-        finally:
-            self._on_hosts = False
-
     def spec(self, config: BenchmarkConfig, world_size: int, paths: RunPaths, cell: CellPaths,
              repeat: int, strategy: str | None = None) -> CellSpec:
         problem = None if getattr(self, "_on_hosts", False) else local_master_refusal(config.engine("spark").master)

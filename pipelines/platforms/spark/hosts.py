@@ -219,6 +219,15 @@ class SparkOnHosts:
             self._spark_hosts_used: dict[Path, int] = {}
         return self._spark_hosts_used
 
+    def run(self, config, world_size: int, *, hosts: list | None = None, **kwargs):
+        """As every backend's, knowing meanwhile whether the cell runs across ``hosts``
+        (``_on_hosts``: then no refusal about the configured local master applies)."""
+        self._on_hosts = bool(hosts)
+        try:
+            return super().run(config, world_size, hosts=hosts, **kwargs)  # type: ignore[misc]
+        finally:
+            self._on_hosts = False
+
     def launch_on_hosts(self, spec: CellSpec, launch_time: float, hosts: list) -> None:
         """A standing platform submits to the run's standing cluster on the hosts; a per-job one
         starts its own (``launch``)."""
