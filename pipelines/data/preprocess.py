@@ -38,7 +38,7 @@ from pipelines.data.manifest import SNAPSHOT_SPLITS
 from pipelines.data.validate import require_valid_snapshot
 from pipelines.runfolder.paths import RunPaths
 from pipelines.engines.spark_cluster import master_url
-from pipelines.engines.spark_session import get_spark, stop_spark
+from pipelines.engines.spark_session import get_spark, session_running, stop_spark
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +108,7 @@ def preprocess(config: BenchmarkConfig, paths: RunPaths) -> dict:
     started = time.perf_counter()
     check_tokenizer(config.data.tokenizer_source)  # fail here with one line, not in a Spark task
     quiet = {"spark.ui.showConsoleProgress": "false"}  # progress bars garble task logs
+    ours = not session_running()  # a caller's session (a test's) stays; the step's own ends with it
     spark = get_spark(master_url(config, paths), app_name="preprocess", conf=quiet)
     manifest = json.loads(paths.manifest.read_text())
     for stale in paths.root.glob(".tokens.tmp-*"):  # left by a tokenization that was killed
@@ -142,7 +143,8 @@ def preprocess(config: BenchmarkConfig, paths: RunPaths) -> dict:
         os.replace(tmp, paths.tokens)  # both splits appear together or not at all
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-        stop_spark(jvm=True)  # no JVM of the data stage stays beside the timed cells that follow
+        if ours:
+            stop_spark(jvm=True)  # no JVM of the data stage stays beside the timed cells that follow
     log.info("tokenized %s rows in %.1f s (%.0f rows/s)",
              stats["rows"], stats["seconds"], stats["rows_per_second"])
     return stats

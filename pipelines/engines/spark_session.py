@@ -40,6 +40,17 @@ def _same_master(running: str, wanted: str) -> bool:
     return running == wanted or (running.startswith("local") and wanted.startswith("local"))
 
 
+def session_running() -> bool:
+    """This process has a SparkContext running now (a caller's, which a step then leaves alone)."""
+    import sys as _sys
+
+    if "pyspark" not in _sys.modules:
+        return False
+    from pyspark import SparkContext
+
+    return SparkContext._active_spark_context is not None
+
+
 def stop_spark(jvm: bool = False) -> None:
     """Stop this process's SparkSession (and its JVM-side context), if one runs; ``jvm``: also end
     the driver's JVM (py4j's gateway process), so nothing of it stays beside what runs next (a
