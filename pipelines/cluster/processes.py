@@ -25,6 +25,7 @@ import contextlib
 import os
 import signal
 import socket
+import logging
 import subprocess
 import sys
 import threading
@@ -35,6 +36,7 @@ from typing import Any
 
 TAIL_LINES = 40  # of a process's output, in the error when it fails
 POLL_S = 0.05
+log = logging.getLogger(__name__)
 _ECHO = threading.Lock()  # one whole line at a time on this process's stdout
 
 
@@ -244,3 +246,24 @@ def free_ports_on(host: Any, count: int = 1, python: str = sys.executable, timeo
 def free_port_on(host: Any, python: str = sys.executable, timeout_s: float = 30.0) -> int:
     """A TCP port free on a launch host right now (``free_ports_on``)."""
     return free_ports_on(host, 1, python, timeout_s)[0]
+
+
+def run_to_end(cmd: list[str], env, log_path: Path, *, what: str, grace_s: float,
+               cwd: Path | None = None) -> None:
+    """Run a launcher to completion, teeing its output to ``log_path`` (and stdout); raise with its
+    tail when it exits non-zero. Interrupted (a signal's exception), it stops the launcher's tree
+    within ``grace_s``. ``what`` names it in the error."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log.info("launching: %s", " ".join(cmd))
+    with subprocess.Popen(cmd, env=dict(env), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          stdin=subprocess.DEVNULL, text=True) as proc:
+        tee = Tee(proc, log_path)
+        try:
+            tee.run()
+            proc.wait()
+        finally:
+            if proc.poll() is None:  # we are being interrupted: take the launcher (and ranks) down
+                stop_tree([proc], grace_s)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{what} exited with {proc.returncode} (full log: {log_path}); "
+                           f"last lines:\n{tee.text()}")

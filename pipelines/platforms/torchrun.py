@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pipelines.cluster.processes import Tee, stop_tree
+from pipelines.cluster.processes import Tee, run_to_end, stop_tree
 from pipelines.config import BenchmarkConfig
 
 log = logging.getLogger(__name__)
@@ -153,20 +153,7 @@ def execute(cmd: list[str], env: Mapping[str, str], log_path: Path, cwd: Path | 
     Interrupted (a signal's exception, KeyboardInterrupt), it stops the launcher's tree."""
     if "--standalone" in cmd:
         cmd = isolated(cmd)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    log.info("launching: %s", " ".join(cmd))
-    with subprocess.Popen(cmd, env=dict(env), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          stdin=subprocess.DEVNULL, text=True) as proc:
-        tee = Tee(proc, log_path)
-        try:
-            tee.run()
-            proc.wait()
-        finally:
-            if proc.poll() is None:  # we are being interrupted: take torchrun (and ranks) down
-                stop_tree([proc], STOP_GRACE_S)
-    if proc.returncode != 0:
-        raise RuntimeError(f"torchrun exited with {proc.returncode} (full log: {log_path}); "
-                           f"last lines:\n{tee.text()}")
+    run_to_end(cmd, env, log_path, what="torchrun", grace_s=STOP_GRACE_S, cwd=cwd)
 
 
 def host_nproc(world_size: int, n_hosts: int) -> int:

@@ -33,11 +33,10 @@ import importlib.metadata
 import importlib.util
 import logging
 import os
-import subprocess
 import sys
 from pathlib import Path
 
-from pipelines.cluster.processes import Tee, free_port, free_port_on, stop_tree
+from pipelines.cluster.processes import free_port, free_port_on, run_to_end
 from pipelines.config import BenchmarkConfig, TrainingStrategy
 from pipelines.platforms import torchrun
 from pipelines.platforms.contract import TrainingBackend
@@ -94,20 +93,7 @@ def accelerator_env(env: dict[str, str], gpus: bool | None = None) -> dict[str, 
 def execute(cmd: list[str], env: dict[str, str], log_path: Path) -> None:
     """Run one ``deepspeed`` launcher to completion, teeing its output to ``log_path``; raise with
     the tail when it fails. Interrupted, it stops the launcher's tree."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    log.info("launching: %s", " ".join(cmd))
-    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          stdin=subprocess.DEVNULL, text=True) as proc:
-        tee = Tee(proc, log_path)
-        try:
-            tee.run()
-            proc.wait()
-        finally:
-            if proc.poll() is None:
-                stop_tree([proc], STOP_GRACE_S)
-    if proc.returncode != 0:
-        raise RuntimeError(f"deepspeed exited with {proc.returncode} (full log: {log_path}); "
-                           f"last lines:\n{tee.text()}")
+    run_to_end(cmd, env, log_path, what="deepspeed", grace_s=STOP_GRACE_S)
 
 
 class DeepSpeedBackend(TrainingBackend):
