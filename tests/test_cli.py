@@ -45,6 +45,14 @@ def test_run_then_rereport_into_a_fresh_store(tmp_path, imdb_dir, bert_tiny_dir)
     assert result["resources"]["run_processes_outside"] == {}, result["resources"]
     summary = json.loads((run_dir / "report" / "summary.json").read_text())
     assert summary["aggregates"][0]["key"] == "ddp-w1"
+    # what it takes, measured in this run: torchrun and its rank started in the cell, the rendezvous
+    # store's port, nothing to install beyond torch and transformers; in the report
+    [needs] = summary["what_it_takes"]
+    assert needs["platform"] == "ddp" and needs["measured_cell"] == "ddp-w1-r0" and needs["install_mb"] == 0
+    assert "rank 1" in needs["processes_per_cell"] and "torchrun 1" in needs["processes_per_cell"], needs
+    assert needs["ports_per_cell"] >= 1 and needs["package_lines"] > 50, needs
+    assert needs["cluster_config"] == "engines.ddp.nnodes, engines.ddp.node_rank, engines.ddp.rdzv_endpoint"
+    assert "## What it takes to run each platform" in (run_dir / "report" / "report.md").read_text()
     assert (out / "mlflow.db").exists() and not (tmp_path / "mlruns").exists()  # never a cwd store
 
     # `run --run-dir` on a finished run trains nothing: every cell's result stands

@@ -15,7 +15,6 @@ import json
 import logging
 import os
 import shutil
-import subprocess
 import threading
 import time
 from collections import defaultdict
@@ -24,6 +23,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipelines.measure.counters import cgroup_file as _cgroup
+from pipelines.measure.counters import gpu_sample as _gpu_sample
+from pipelines.measure.counters import host_marks as _host_marks
+from pipelines.measure.listeners import listening
 from pipelines.measure.outside import host_busy_seconds, is_infrastructure, outside_figures, run_processes_outside
 from pipelines.runfolder.fileio import atomic_write_json
 from pipelines.runfolder.paths import CellPaths
@@ -32,11 +35,11 @@ from pipelines.runfolder.results import HostUsage, ResourceUsage
 log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL_S = 0.5
+LISTENERS_EVERY = 4  # samples between two reads of the listening sockets (a JVM has hundreds of fds)
 RESOURCES_FILE, RANKS_DIR = "resources.json", "ranks"
 DRIVER = "driver"  # the process running TrainingBackend.run: its kind and its per_host key
 MB = 1024 * 1024
 _TICK, _PAGE = os.sysconf("SC_CLK_TCK"), os.sysconf("SC_PAGE_SIZE")
-_GPU_QUERY = ["nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits"]
 _JVM_ROLES = (("deploy.master.Master", "java_master"), ("deploy.worker.Worker", "java_worker"),
               ("CoarseGrainedExecutorBackend", "java_executor"))
 
@@ -118,6 +121,8 @@ class _Proc:
     name: str
     kind: str
     cpu: float  # user + system at its last sample
+    before: bool = False  # alive when the cell began: a standing cluster's process, not the cell's
+    listens: set = field(default_factory=set)  # "address:port"s it listened on (TCP)
 
 
 @dataclass
@@ -148,47 +153,6 @@ def _kinds(values: dict, fmt) -> dict[str, float]:
     """The ``kind:<k>`` entries of a scope, largest first."""
     kinds = {k.split(":", 1)[1]: fmt(v) for k, v in values.items() if k.startswith("kind:")}
     return dict(sorted(kinds.items(), key=lambda kv: -kv[1]))
-
-
-def _cgroup(host, name: str) -> Path | None:
-    """The file ``name`` of one of the host's cgroups; None if it has none (an SSH host)."""
-    return next((Path(c, name) for c in getattr(host, "cgroups", None) or () if Path(c, name).exists()), None)
-
-
-def _read_int(path: Path | None) -> int | None:
-    try:
-        return int(path.read_text().split()[0]) if path else None
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _host_marks(host, first: bool, notes: list[str]) -> dict:
-    """A host's counters now: cpuacct.usage (ns), its memory cgroup's peak (bytes; reset to 0 by the
-    first call), its cpuset's size and its link's tx/rx; None where unreadable (an SSH host)."""
-    from pipelines.cluster.emulated import parse_cpu_list
-
-    peak, cpuset = _cgroup(host, "memory.max_usage_in_bytes"), _cgroup(host, "cpuset.cpus")
-    try:
-        if first and peak is not None:
-            peak.write_text("0")  # the peak from now on (an SSH host has no cgroups)
-    except OSError as err:
-        notes.append(f"{host.name}: memory peak not reset: {err}")
-    out = {"cpu_ns": _read_int(_cgroup(host, "cpuacct.usage")), "peak": _read_int(peak), "tx": None,
-           "rx": None, "cpus": len(parse_cpu_list(cpuset.read_text())) if cpuset else None}
-    try:
-        out["tx"], out["rx"] = host.link_bytes()
-    except Exception as err:
-        notes.append(f"{host.name}: link counters unreadable: {type(err).__name__}: {err}")
-    return out
-
-
-def _gpu_sample() -> list[list[float]]:
-    """[utilisation %, memory used MB] of each of this machine's GPUs (nvidia-smi); [] if none."""
-    try:
-        out = subprocess.run(_GPU_QUERY, capture_output=True, text=True, timeout=5, check=True).stdout
-        return [[float(x) for x in line.split(",")] for line in out.splitlines() if line.strip()]
-    except (OSError, subprocess.SubprocessError, ValueError):
-        return []
 
 
 def _netns(pid: int) -> str | None:
@@ -299,7 +263,7 @@ class Sampler:
             (_, name, cpu, start, rss), proc = table[pid], self._procs.get(pid)
             if proc is None or proc.ctime != start:  # new: from 0 (on the first pass: from now)
                 kind = DRIVER if pid == self.me else _kind_of(pid, name)
-                self._procs[pid] = proc = _Proc(start, where, name, kind, cpu if first else 0.0)
+                self._procs[pid] = proc = _Proc(start, where, name, kind, cpu if first else 0.0, before=first)
                 ns = _netns(pid) if where == DRIVER and not self.hosts else None
                 if ns and ns != self._own_ns:
                     self._ns.setdefault(ns, [pid, 0, 0])[0] = pid
@@ -314,6 +278,9 @@ class Sampler:
                 continue
             cols = [line.split(":", 1)[1].split() for line in lines if ":" in line]
             ns[1], ns[2] = max(ns[1], sum(int(c[8]) for c in cols)), max(ns[2], sum(int(c[0]) for c in cols))
+        if first or self._stop.is_set() or len(self._samples) % LISTENERS_EVERY == 0:
+            for pid, ports in listening(p for p in entries if p != self.me).items():
+                self._procs[pid].listens |= ports
         gpus = _gpu_sample() if self._gpu else []
         self._gpus = max(self._gpus, len(gpus))
         self._samples.append({"t": time.time() - self.started, "pids": entries, "gpu": gpus and {
@@ -386,7 +353,24 @@ class Sampler:
             bytes_received=sum(m[1] for m in moved) if moved else None, gpus=self._gpus or None,
             gpu_utilisation_mean=sum(g[0] for g in gpu) / len(gpu) if gpu else None,
             gpu_peak_memory_mb=max((g[1] for g in gpu), default=None), run_processes_outside=self._outside,
+            **self._what_ran(ranks),
             **outside_figures(*(self._busy + [None, None])[:2], cpu, wall, os.cpu_count() or 1)), timeline
+
+
+    def _what_ran(self, ranks: set[int]) -> dict:
+        """Processes by kind (ranks as "rank") and the TCP ports they listened on: those started in
+        the window (the cell's) apart from those alive before it (a standing cluster's)."""
+        out = {"processes_started": defaultdict(int), "processes_standing": defaultdict(int),
+               "listening": defaultdict(set), "standing_listening": defaultdict(set)}
+        for pid, proc in self._procs.items():
+            if pid == self.me:
+                continue
+            kind, side = "rank" if pid in ranks else proc.kind, "standing" if proc.before else "started"
+            out[f"processes_{side}"][kind] += 1
+            if proc.listens:
+                out["standing_listening" if proc.before else "listening"][kind] |= proc.listens
+        return {k: {kind: sorted(v) if isinstance(v, set) else v for kind, v in sorted(d.items())}
+                for k, d in out.items()}
 
 
 @contextmanager

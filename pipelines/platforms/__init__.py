@@ -1,7 +1,7 @@
 """The platform registry: which training platforms exist, and what each one brings.
 
-A platform is one package: ``pipelines/platforms/<name>/`` for the project's own (``BUILTIN``,
-the one list in the project that names them), or any importable package for a plug-in or a
+A platform is one package: ``pipelines/platforms/<name>/`` for the project's own (``BUILTIN``:
+found in this folder, so the project names them nowhere), or any importable package for a plug-in or a
 test (listed in ``BENCHMARK_PLATFORMS``, or imported by the caller). Its ``__init__`` declares it with ``register(Platform(...))``: a frozen record of plain
 data that imports nothing heavy (the DAG file reads it at parse time). The record says
 everything the rest of the project needs to know about the platform, so no other module names
@@ -25,13 +25,20 @@ from __future__ import annotations
 
 import importlib
 import os
+import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Annotated, Any
 
-BUILTIN = ("ddp", "spark", "determined", "ray", "deepspeed")  # the project's platform packages, in this folder
+# the project's platform packages: every sub-package of this folder (a new platform adds its folder
+# and touches nothing here); their order in reports is each Platform's ``order``
+BUILTIN = tuple(sorted(m.name for m in pkgutil.iter_modules(__path__) if m.ispkg))
 PLUGINS_ENV = "BENCHMARK_PLATFORMS"
+# the orchestration features the report's "What it takes" asks of every platform (the study's
+# criteria beside speed): each platform names those it brings, with the test that shows it
+FEATURES = ("scheduler", "web UI", "experiment tracking", "fault tolerance", "elastic training",
+            "data integration")
 _REGISTRY: dict[str, "Platform"] = {}
 _builtins_loaded = False
 _generation = 0  # bumped by every (un)registration: caches of what the registry implies follow it
@@ -77,10 +84,24 @@ class Platform:
     # the setting that holds this machine's node rank, for a platform whose cell is started on
     # every node (``train --node-rank``): node 0 tracks the cell, the others only lend processes
     node_rank_setting: str | None = None
+    # what it takes to run it (the report's "What it takes"; pipelines.measure.footprint measures
+    # the rest): the Python distributions it adds beyond torch and transformers (their dependency
+    # closure is sized in the run's environment), the programs it needs beside Python (their
+    # installation is sized), the files a user writes to run it across machines (the deployment
+    # fields of ``settings`` are read from the model), and the orchestration features it brings:
+    # feature (``FEATURES``) -> (what it is here, the test that shows it: "tests/<file>.py::<test>")
+    distributions: tuple[str, ...] = ()
+    programs: tuple[str, ...] = ()
+    cluster_files: tuple[str, ...] = ()
+    features: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     package: str = ""  # the module that declared it (set by register): workers import it by name
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode_caveats", MappingProxyType(dict(self.mode_caveats)))
+        object.__setattr__(self, "features", MappingProxyType(dict(self.features)))
+        unknown = set(self.features) - set(FEATURES)
+        if unknown:
+            raise ValueError(f"platform {self.name!r}: unknown feature(s) {sorted(unknown)}; known: {FEATURES}")
 
 
 def register(platform: Platform, package: str | None = None) -> Platform:

@@ -20,6 +20,7 @@ from pipelines.report.plots import (plot_accuracy_curves, plot_network, plot_ove
                                     plot_scaling_efficiency, plot_time_vs_workers, plot_verdict)
 from pipelines.report.costs import costs_markdown, timeline_plots
 from pipelines.report.faults import faults_markdown
+from pipelines.report.what_it_takes import what_it_takes_markdown
 from pipelines.report.study import _study_lines
 from pipelines.report.tables import (_code, _md_table, _phase_lines, _strategy_lines, _text,
                                      comparison_tables, platform_view)
@@ -144,6 +145,7 @@ def render_markdown(config: BenchmarkConfig, summary: RunSummary, plots: list[Pa
         ("Verdict", verdict.markdown_lines()),
         ("Comparison", _comparison_lines(summary)),
         *([("", [costs.strip()])] if costs else []),  # "What each platform costs": its own title
+        *([("", [takes.strip()])] if (takes := what_it_takes_markdown(full)) else []),
         *([("Training strategies", _strategy_lines(full, config))]
           if len(config.matrix.strategies) > 1 or not config.matrix.strategies[0].is_default else []),
         *([("Network", network_lines(full, config))] if has_networks(full) else []),

@@ -35,6 +35,7 @@ from pipelines import platforms
 from pipelines.run import services
 from pipelines.config import BenchmarkConfig
 from pipelines.run import projection
+from pipelines.measure import footprint
 from pipelines.run.hardware import hardware
 from pipelines.runfolder.paths import DEFAULT_NETWORK, DEFAULT_STRATEGY, RunPaths, cell_name
 from pipelines.runfolder.results import CellResult
@@ -317,6 +318,8 @@ def evaluate_run(config: BenchmarkConfig, paths: RunPaths) -> RunSummary:
         cost_total=sum(c for c in costs if c is not None) if any(c is not None for c in costs) else None,
         standing_clusters={name: [s["provision_seconds"] for s in starts]
                            for name, starts in services.read_record(paths).items()},
+        what_it_takes=footprint.what_it_takes(
+            {cell_name(b, w, r, s, net): res for (b, s, net, w, r), res in cells.items() if isinstance(res, CellResult)}),
     )
     summary.write(paths)
     log.info("summary: %d cells, %d failed -> %s", len(rows), len(failed), paths.summary)

@@ -130,6 +130,13 @@ class ResourceUsage(BaseModel):
     # its driver and stayed alive through it (kind -> count; nothing of the run should), and the
     # host's CPU that processes outside the cell used during the window (share of all its cores)
     run_processes_outside: dict[str, int] = Field(default_factory=dict)
+    # what the platform runs (the report's "What it takes"): kind -> processes that started in the
+    # window (the cell's; ranks as "rank") and that were alive before it (a standing cluster's); kind
+    # -> the "address:port"s they listened on (TCP; pipelines.measure.listeners)
+    processes_started: dict[str, int] = Field(default_factory=dict)
+    processes_standing: dict[str, int] = Field(default_factory=dict)
+    listening: dict[str, list[str]] = Field(default_factory=dict)
+    standing_listening: dict[str, list[str]] = Field(default_factory=dict)
     outside_cpu_seconds: float | None = None
     outside_cpu_share: float | None = None
     notes: list[str] = Field(default_factory=list)  # what was not measured, and why

@@ -206,6 +206,30 @@ class Hardware(BaseModel):
     versions: dict[str, str] = Field(default_factory=dict)  # library -> versions over the cells
 
 
+class PlatformNeeds(BaseModel):
+    """What it takes to run one platform (``pipelines.measure.footprint`` says how each is measured)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    platform: str
+    label: str
+    lifetime: str | None = None  # its cluster's: standing, per_job, or None (none of its own)
+    install_mb: float  # what its Python distributions add beyond torch and transformers
+    install_distributions: int
+    install_largest: str = ""  # the three largest, with their MB
+    programs: str = ""  # programs beside Python: MB of their installation (a JDK)
+    measured_cell: str | None = None  # the cell its processes and ports come from (most workers)
+    processes_per_cell: str | None = None  # kind count, ...: started in the cell's window
+    processes_per_run: str | None = None  # kind count, ...: alive before the cell (a standing cluster)
+    ports_per_cell: int | None = None  # TCP ports its started processes listened on
+    ports_per_cell_beyond_loopback: int | None = None
+    ports_per_run: int | None = None  # ... its standing processes
+    ports_per_run_beyond_loopback: int | None = None
+    cluster_config: str = ""  # settings and files a user sets to run it across machines
+    package_lines: int = 0  # code lines of its package here
+    features: str = ""  # orchestration features a test here shows (Platform.features)
+
+
 class RunSummary(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -233,6 +257,7 @@ class RunSummary(BaseModel):
     # the run's standing clusters (pipelines.run.services): name -> the provision seconds of each
     # start, outside every cell (a standing cell's phases hold none of it)
     standing_clusters: dict[str, list[float]] = Field(default_factory=dict)
+    what_it_takes: list[PlatformNeeds] = Field(default_factory=list)  # per platform (pipelines.measure.footprint)
 
     def write(self, paths: RunPaths) -> None:
         atomic_write_text(paths.summary, self.model_dump_json(indent=2))

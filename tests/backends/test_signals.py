@@ -1,53 +1,190 @@
-"""SIGTERM to `python -m pipelines train` takes the whole cell down (torchrun and its ranks;
-Spark's JVM, torchrun and ranks; Ray's local cluster and its workers), marks the cell failed with the signal and ends its MLflow run
-FAILED; nothing keeps running or writing afterwards. Real processes throughout."""
+"""SIGTERM to `python -m pipelines train` takes the whole cell down, on every registered platform
+(torchrun and its ranks; Determined's trial ranks under torchrun; DeepSpeed's runner, launcher and
+ranks; Spark's JVM, torchrun and ranks; the embedded standalone cluster's JVMs, executors and
+barrier tasks; Ray's cluster and its workers), marks the cell failed with the signal and ends its
+MLflow run FAILED; nothing keeps running or writing afterwards. Real processes throughout.
+
+The cells train far longer (``EPOCHS``) than any test waits: a process that outlived the signal
+would still be training when the test looks, never finished on its own. SIGKILL of the same
+driver: tests/backends/test_sigkill.py (it uses the helpers here)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 import pytest
 from mlflow import MlflowClient
 
+from pipelines import platforms
+from pipelines.config import BenchmarkConfig, load_config, save_config
 from pipelines.measure import signals
-from pipelines.config import save_config
+from pipelines.measure.resources import rank_pids
+from pipelines.runfolder.paths import CellPaths, RunPaths
 from pipelines.runfolder.results import CellResult
+from tests.token_shards import write_token_shards
 
-pytestmark = pytest.mark.slow
+TRAIN_PER_CLASS, TEST_PER_CLASS, SEQ_LEN = 128, 64, 64
+EPOCHS = 200  # never reached: every cell here is stopped mid-training
+START_S = 420.0  # the CLI up to rank 0's first heartbeat (JVMs and Ray on a loaded 2-core box)
 
 
-LAUNCHER_MARK = {"ddp": "torch.distributed.run", "spark": "torch.distributed.run", "ray": "raylet"}
+@dataclass(frozen=True)
+class Case:
+    """How a platform's cell runs here: its run folder's Spark master ("local[2]": TorchDistributor's
+    local mode, or "embedded": the run's own standalone cluster, which the CLI starts) and what
+    must be among the driver's descendants while it trains (its launcher / cluster processes)."""
+
+    master: str
+    marks: tuple[str, ...]
 
 
-@pytest.mark.parametrize("backend", ["ddp", "spark", "ray"])
-def test_sigterm_stops_every_process_of_the_cell(backend, run_paths, bench_config, tmp_path):
-    if not run_paths.config.exists():
-        save_config(bench_config, run_paths.config)
-    env = {**os.environ, "BENCHMARK_HOST_LOCK": str(tmp_path / "lock")}
+# every registered platform (test_every_platform_has_a_signal_case keeps it so)
+CASES = {
+    "ddp": Case("local[2]", ("torch.distributed.run",)),
+    "determined": Case("local[2]", ("torch.distributed.run", "pipelines.platforms.determined.trial")),
+    "deepspeed": Case("local[2]", ("deepspeed.launcher.runner", "deepspeed.launcher.launch")),
+    "spark": Case("local[2]", ("org.apache.spark.deploy.SparkSubmit", "torch.distributed.run")),
+    "spark_per_job": Case("embedded", ("org.apache.spark.deploy.worker.Worker", "CoarseGrainedExecutorBackend")),
+    "spark_dataframe": Case("embedded", ("org.apache.spark.deploy.worker.Worker", "CoarseGrainedExecutorBackend")),
+    "spark_dataframe_per_job": Case("embedded", ("org.apache.spark.deploy.worker.Worker",
+                                                 "CoarseGrainedExecutorBackend")),
+    "ray": Case("local[2]", ("ray.scripts.scripts start", "raylet")),
+    "ray_per_job": Case("local[2]", ("raylet", "gcs_server")),
+}
+
+
+def make_run(root: Path, imdb_dir: Path, bert_tiny_dir: Path, master: str) -> tuple[RunPaths, BenchmarkConfig]:
+    """A run folder (token shards + config.json) whose cells train ``EPOCHS`` epochs."""
+    paths = write_token_shards(RunPaths(root), imdb_dir, bert_tiny_dir, train_per_class=TRAIN_PER_CLASS,
+                               test_per_class=TEST_PER_CLASS, seq_len=SEQ_LEN, seed=7)
+    config = load_config("smoke", dict(
+        dataset_source=str(imdb_dir), tokenizer_source=str(bert_tiny_dir), model_source=str(bert_tiny_dir),
+        output_root=str(paths.root.parent), max_seq_len=SEQ_LEN, epochs=EPOCHS, batch_size=16,
+        batch_policy="per_worker", learning_rate=5e-4, seed=42, spark_master=master))
+    save_config(config, paths.config)
+    return paths, config
+
+
+def run_maker(tmp_path_factory, imdb_dir, bert_tiny_dir):
+    """``runs(master)`` -> (paths, config): one run folder per Spark master, made when first asked."""
+    made: dict[str, tuple[RunPaths, BenchmarkConfig]] = {}
+
+    def _get(master: str):
+        if master not in made:
+            root = tmp_path_factory.mktemp("signals") / ("embedded" if master == "embedded" else "local")
+            made[master] = make_run(root, imdb_dir, bert_tiny_dir, master)
+        return made[master]
+
+    return _get
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, imdb_dir, bert_tiny_dir):
+    return run_maker(tmp_path_factory, imdb_dir, bert_tiny_dir)
+
+
+def start_training(paths: RunPaths, backend: str, repeat: int, tmp: Path) -> tuple[subprocess.Popen, CellPaths]:
+    """``python -m pipelines train`` of one 2-worker cell, its output to ``tmp/cli.log`` (a file: a
+    process that outlives the CLI never holds the test up); returns once rank 0 trains (its heartbeat)."""
+    env = {**os.environ, "BENCHMARK_HOST_LOCK": str(tmp / "lock")}
     env.pop("MLFLOW_TRACKING_URI", None)  # the run's own store (config.json)
-    repeat = {"ddp": 40, "spark": 41, "ray": 42}[backend]
-    cell = run_paths.cell(backend, 2, repeat)
-    cmd = [sys.executable, "-m", "pipelines", "train", "--run-dir", str(run_paths.root), "--backend", backend,
+    cell = paths.cell(backend, 2, repeat)
+    cmd = [sys.executable, "-m", "pipelines", "train", "--run-dir", str(paths.root), "--backend", backend,
            "--workers", "2", "--repeat", str(repeat)]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    deadline = time.time() + 300
+    with open(tmp / "cli.log", "w") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    deadline = time.time() + START_S
     while not cell.heartbeat.exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.2)  # ranks are training once rank 0 beats
-    assert cell.heartbeat.exists(), "training never started"
-    tree = psutil.Process(proc.pid).children(recursive=True)
-    assert any(LAUNCHER_MARK[backend] in " ".join(p.cmdline()) for p in tree)  # torchrun / Ray's node
+    if not cell.heartbeat.exists():
+        proc.kill()
+        proc.wait(60)
+        pytest.fail(f"{backend}: training never started (exit code {proc.returncode}):\n{output(tmp)[-3000:]}")
+    return proc, cell
 
-    proc.send_signal(signal.SIGTERM)
-    sent = time.time()
-    out, _ = proc.communicate(timeout=60)
-    _, alive = psutil.wait_procs(tree, timeout=max(0.1, 10 - (time.time() - sent)))
-    assert not alive, f"still running 10 s after SIGTERM: {[p.cmdline() for p in alive]}"
+
+def output(tmp: Path) -> str:
+    return (tmp / "cli.log").read_text(errors="replace")
+
+
+def training_tree(proc: subprocess.Popen, cell: CellPaths, backend: str) -> list[psutil.Process]:
+    """The driver's descendants now; checks they hold the platform's launcher / cluster processes
+    and every rank that wrote its pid file (so the test watches the processes that train)."""
+    tree = psutil.Process(proc.pid).children(recursive=True)
+    lines = {p.pid: " ".join(_cmdline(p)) for p in tree}
+    for mark in CASES[backend].marks:
+        assert any(mark in line for line in lines.values()), f"no {mark!r} among the driver's processes: {lines}"
+    deadline = time.time() + 30
+    while len(rank_pids(cell.root)) < 2 and time.time() < deadline:
+        time.sleep(0.2)
+    ranks = rank_pids(cell.root)
+    assert len(ranks) == 2 and ranks <= set(lines), f"ranks {ranks} not among the driver's processes: {lines}"
+    return tree
+
+
+def _cmdline(p: psutil.Process) -> list[str]:
+    try:
+        return p.cmdline()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return []
+
+
+def running(processes: list[psutil.Process]) -> list[psutil.Process]:
+    """Those still running (a zombie has ended; ``is_running`` never mistakes a reused pid)."""
+    out = []
+    for p in processes:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def kill_all(proc: subprocess.Popen, processes: list[psutil.Process]) -> None:
+    """What a test leaves running (a failed one): the driver, then its descendants and ``processes``."""
+    family: list[psutil.Process] = []
+    if proc.poll() is None:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            family = psutil.Process(proc.pid).children(recursive=True)
+        proc.kill()
+        proc.wait(60)
+    for p in running([*processes, *family]):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+
+
+def describe(processes: list[psutil.Process]) -> list[str]:
+    return [f"{p.pid}: {' '.join(_cmdline(p))[:160]}" for p in processes]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", list(CASES))
+def test_sigterm_stops_every_process_of_the_cell(backend, runs, tmp_path):
+    paths, config = runs(CASES[backend].master)
+    repeat = 40 + list(CASES).index(backend)
+    proc, cell = start_training(paths, backend, repeat, tmp_path)
+    tree: list[psutil.Process] = []
+    try:
+        tree = training_tree(proc, cell, backend)
+        proc.send_signal(signal.SIGTERM)
+        sent = time.time()
+        proc.wait(120)
+        alive = tree
+        while (alive := running(alive)) and time.time() - sent < 10:
+            time.sleep(0.1)
+        assert not alive, f"still running 10 s after SIGTERM: {describe(alive)}"
+    finally:
+        kill_all(proc, tree)
+    out = output(tmp_path)
     assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
     assert "stopped by SIGTERM" in out
 
@@ -58,10 +195,14 @@ def test_sigterm_stops_every_process_of_the_cell(backend, run_paths, bench_confi
     time.sleep(3)
     assert {p: p.stat().st_mtime for p in cell.root.rglob("*") if p.is_file()} == written  # nothing writes
 
-    client = MlflowClient(tracking_uri=bench_config.resolved_tracking_uri())
-    runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
-                              filter_string=f"attributes.run_name = '{cell.name}'")
-    assert runs and all(r.info.status == "FAILED" for r in runs)
+    client = MlflowClient(tracking_uri=config.resolved_tracking_uri())
+    found = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                               filter_string=f"attributes.run_name = '{cell.name}'")
+    assert found and all(r.info.status == "FAILED" for r in found)
+
+
+def test_every_platform_has_a_signal_case():
+    assert set(CASES) == set(platforms.names()), "a platform without SIGTERM/SIGKILL tests (CASES)"
 
 
 def test_cause_of_finds_the_signal_behind_a_library_wrapper():

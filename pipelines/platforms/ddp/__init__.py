@@ -24,4 +24,10 @@ PLATFORM = register(Platform(
     name="ddp", adapter=f"{__name__}.adapter:DDPBackend", order=0, label="PyTorch DDP (torchrun)",
     colour="#1d4ed8", settings=DDPSettings, reference=True, node_rank_setting="engines.ddp.node_rank",
     process_kinds=(("torchrun", "torchrun"), ("torch.distributed.run", "torchrun")),
+    # torch is every platform's: DDP adds nothing to install; across machines a torchrun per
+    # machine with the rendezvous settings (engines.ddp), started by whoever runs the job
+    features={"fault tolerance": (
+        "a failed attempt resumes from the loop's last checkpoint (torchrun restarts it up to "
+        "--max-restarts; the project's retry after that)",
+        "tests/backends/test_backends.py::test_ddp_killed_after_epoch_1_resumes_at_epoch_2_with_same_result")},
 ))

@@ -75,6 +75,11 @@ PLATFORM = register(Platform(
     # its cell takes 32-49 s at ZeRO-2 on the smoke's data against ddp's 21-27 s (bench/RESULTS.md):
     # the smoke DAG run would pass its 150 s goal; the nightly and named runs train it
     smoke=False,
+    distributions=("deepspeed",),
+    cluster_files=("hostfile: one line per machine, 'host slots=N' (written from cluster.hosts here)",),
+    features={"fault tolerance": (
+        "a failed attempt resumes from DeepSpeed's own checkpoint (every rank's shard; the project's retry "
+        "relaunches it)", "tests/platforms/test_deepspeed.py::test_a_failed_attempt_resumes_from_deepspeeds_checkpoint")},
     # the ranks are known by their pid files; these are DeepSpeed's launcher processes
     process_kinds=(("deepspeed.launcher.runner", "deepspeed_runner"), ("bin/deepspeed", "deepspeed_runner"),
                    ("deepspeed.launcher.launch", "deepspeed_launch")),

@@ -29,4 +29,7 @@ PLATFORM = register(Platform(
     # the report looks modes up exactly: one caveat for one host and for local-<k>-nodes
     mode_caveats={"local": LOCAL_CAVEAT, **{f"local-{k}-nodes": LOCAL_CAVEAT for k in range(2, 65)}},
     process_kinds=(("determined", "determined"),),
+    # its scheduler, web UI and experiment tracking are the master's: with the local Trainer
+    # measured here, none of them runs (engines.determined.master: not deployed by the project)
+    distributions=("determined",),
 ))

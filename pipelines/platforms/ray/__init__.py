@@ -34,10 +34,18 @@ class RaySettings(BaseModel):
 
 _LOCAL = ("there is no network between workers: it measures Ray's own launch and bookkeeping, not a "
           "multi-node cluster's.")
-_COMMON = dict(settings=None, colour="#7c3aed",
+_FEATURES = {
+    "scheduler": ("Ray places the worker actors on the cluster's nodes (a placement group over both hosts)",
+                  "tests/cluster/test_ray_across_hosts.py::test_a_ray_cell_across_two_emulated_hosts"),
+    "fault tolerance": ("a new run restores the latest checkpoint reported to Ray Train (its run snapshot)",
+                        "tests/backends/test_ray.py::test_ray_cell_killed_after_epoch_1_resumes_from_rays_checkpoint"),
+}
+_COMMON = dict(settings=None, colour="#7c3aed", distributions=("ray",), features=_FEATURES,
                # "=" : the process's own name; else a part of its command line (a worker's names its raylet)
                process_kinds=(("=raylet", "raylet"), ("=gcs_server", "gcs_server"), ("ray::", "ray_worker"),
                               ("default_worker.py", "ray_worker"), ("/ray/", "ray_other")))
+
+
 def standing_pids(paths) -> list[int]:
     """The run's standing Ray cluster's node processes (``standing.py`` writes its state): a
     standing cell's platform, not the run's."""

@@ -46,7 +46,15 @@ def embedded_cluster_pids(paths) -> list[int]:
         return []
 
 
-_COMMON = dict(daemons=embedded_cluster_pids, process_kinds=(("pyspark", "pyspark_worker"),))
+_FEATURES = {
+    "scheduler": ("the standalone master places TorchDistributor's barrier tasks on the hosts' executors",
+                  "tests/cluster/test_spark_across_hosts.py::test_a_spark_cell_across_two_emulated_hosts"),
+    "data integration": ("a DataFrame's partitions reach the ranks through a barrier stage (the dataframe feed)",
+                         "tests/backends/test_spark_dataframe.py::"
+                         "test_every_training_row_reaches_exactly_one_rank_once_per_epoch"),
+}
+_COMMON = dict(daemons=embedded_cluster_pids, process_kinds=(("pyspark", "pyspark_worker"),),
+               distributions=("pyspark",), programs=("java",), features=_FEATURES)
 _STANDING = dict(lifetime="standing", services=("pipelines.engines.spark_cluster:EMBEDDED_SERVICE",
                                                 f"{__name__}.standing:STANDING_SERVICE"))
 _PER_JOB = dict(lifetime="per_job", default=False, smoke=False)  # named where a run compares lifetimes

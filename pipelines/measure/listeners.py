@@ -1,0 +1,87 @@
+"""Which TCP ports processes listen on, read from /proc (proc(5)): a process's sockets are the
+``socket:[inode]`` links under ``/proc/<pid>/fd``; its network namespace's listening sockets
+are the rows of ``/proc/<pid>/net/tcp`` and ``tcp6`` in state 0A (LISTEN). Reading through the
+process's own ``/proc/<pid>/net`` sees its namespace, so a rank in a private namespace or on an
+emulated host is read as well as one beside us. Unreadable processes (gone, another user's) are
+left out: this is a measure, it never raises."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+LISTEN = "0A"
+
+
+def _address(hex_address: str) -> str:
+    """``0100007F:1F90`` -> ``127.0.0.1:8080``; IPv6 ``::``-any as ``*``, IPv4-any as ``0.0.0.0``."""
+    host, _, port = hex_address.partition(":")
+    if len(host) == 8:
+        ip = ".".join(str(b) for b in reversed(bytes.fromhex(host)))
+    else:  # four little-endian 32-bit words
+        words = [bytes.fromhex(host[i:i + 8])[::-1].hex() for i in range(0, 32, 8)]
+        full = "".join(words)
+        ip = "::" if set(full) == {"0"} else ("::1" if full == "0" * 31 + "1" else
+                                             ":".join(full[i:i + 4] for i in range(0, 32, 4)))
+    return f"{ip}:{int(port, 16)}"
+
+
+def _listening_sockets(pid: int) -> dict[int, str]:
+    """inode -> "address:port" of every listening TCP socket in ``pid``'s network namespace."""
+    out = {}
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = open(f"/proc/{pid}/net/{table}").read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            cols = line.split()
+            if len(cols) > 9 and cols[3] == LISTEN:
+                out[int(cols[9])] = _address(cols[1])
+    return out
+
+
+def _socket_inodes(pid: int) -> set[int]:
+    inodes = set()
+    try:
+        with os.scandir(f"/proc/{pid}/fd") as fds:
+            for fd in fds:
+                try:
+                    link = os.readlink(fd.path)
+                except OSError:
+                    continue
+                if link.startswith("socket:["):
+                    inodes.add(int(link[8:-1]))
+    except OSError:
+        pass
+    return inodes
+
+
+def _netns(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return None
+
+
+def listening(pids: Iterable[int]) -> dict[int, set[str]]:
+    """pid -> the "address:port"s it listens on (TCP), for each of ``pids`` that listens on any."""
+    tables: dict[str | None, dict[int, str]] = {}
+    out = {}
+    for pid in pids:
+        ns = _netns(pid)
+        if ns is None:
+            continue
+        if ns not in tables:
+            tables[ns] = _listening_sockets(pid)
+        if not tables[ns]:
+            continue
+        ports = {tables[ns][i] for i in _socket_inodes(pid) if i in tables[ns]}
+        if ports:
+            out[pid] = ports
+    return out
+
+
+def is_loopback(address: str) -> bool:
+    host = address.rpartition(":")[0]
+    return host.startswith("127.") or host == "::1"
