@@ -43,13 +43,17 @@ import psutil
 from pipelines.cluster.processes import stop_tree
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+PROC_CGROUP = Path("/proc/self/cgroup")  # this process's cgroups, one line per hierarchy
 CONTROLLERS = ("cpuset", "memory", "cpuacct")  # cpuacct: a host's CPU time (pipelines.measure.resources)
 SUBNET = "10.213.0"  # /24; only ever configured inside this code's own namespaces
 OWNER_PATTERN = r"^bmc(\d+)-"  # group 1: the owner's PID
 _NAME = re.compile(r"^[a-z0-9_]{1,16}$")
 _RATE = re.compile(r"^(\d+(?:\.\d+)?)(mbit|gbit)$")
+# tc tbf below 1 Mbit/s rounds toward 0 and crawls (a cell with no timeout holding the host lock);
+# above 100 Gbit/s a veth pair is the limit, not the shaping
+MIN_RATE, MAX_RATE = 10**6, 100 * 10**9
 _ALLOWED = ("'unshaped', '10gbit', '1gbit', '100mbit', or a rate '<number>mbit' / '<number>gbit' "
-            "(e.g. '250mbit', '2gbit')")
+            "from 1mbit to 100gbit (e.g. '250mbit', '2gbit')")
 # Runs inside the child before the real program: join the cgroups, then exec (same PID throughout:
 # sh execs ip, ip execs the program), so nothing of the program ever runs outside its host.
 _JOIN_AND_EXEC = ('n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 125; shift; '
@@ -74,7 +78,10 @@ class NetworkSpec:
         if not match or float(match.group(1)) <= 0:
             raise ValueError(f"network must be {_ALLOWED}; got {value!r}")
         scale = 10**6 if match.group(2) == "mbit" else 10**9
-        return cls(text, round(float(match.group(1)) * scale))
+        rate = round(float(match.group(1)) * scale)
+        if not MIN_RATE <= rate <= MAX_RATE:
+            raise ValueError(f"network {value!r}: the rate must be from 1mbit to 100gbit; got {rate / 10**6:g} Mbit/s")
+        return cls(text, rate)
 
     def tbf_args(self) -> list[str]:
         """``tc ... tbf`` parameters for this rate (see the module docstring for why these)."""
@@ -84,11 +91,29 @@ class NetworkSpec:
         return ["rate", f"{self.bits_per_second}bit", "burst", str(burst), "latency", "50ms"]
 
 
+def missing_cgroup_controllers(root: Path | None = None, own: Path | None = None) -> list[str]:
+    """The cgroup v1 controllers of ``CONTROLLERS`` this machine does not give this process (a
+    cgroup-v2-only machine gives none: its one hierarchy is listed as ``0::/...``)."""
+    root, own = root or CGROUP_ROOT, own or PROC_CGROUP
+    try:
+        named = {n for line in own.read_text().splitlines() for n in line.split(":", 2)[1].split(",") if n}
+    except OSError:
+        named = set()
+    return [c for c in CONTROLLERS if c not in named or not (root / c).is_dir()]
+
+
 def why_unavailable() -> str | None:
     """Why no emulated cluster can be built on this machine (not root, no iproute2, no
-    ``ip netns``), or None when one can."""
+    ``ip netns``, no cgroup v1 controllers), or None when one can."""
     if os.geteuid() != 0:
         return "needs root (network namespaces, tc, cgroups)"
+    missing = missing_cgroup_controllers()
+    if missing:
+        v2 = (CGROUP_ROOT / "cgroup.controllers").exists()
+        return (f"the emulated hosts need the cgroup v1 controllers {', '.join(CONTROLLERS)} (a host's cores, memory "
+                f"limit and CPU time); this machine lacks {', '.join(missing)}"
+                + (" (cgroup v2 only: boot with systemd.unified_cgroup_hierarchy=0, or run on real machines with "
+                   "cluster.kind=ssh)" if v2 else ""))
     if shutil.which("ip") is None or shutil.which("tc") is None:
         return "iproute2 (ip, tc) not installed: scripts/system_deps.sh"
     probe = f"bmcprobe{os.getpid()}"

@@ -57,6 +57,24 @@ def _read(paths: RunPaths) -> dict | None:
         return None
 
 
+class ClusterGone(RuntimeError):
+    """The run's emulated cluster is not running: no cell can train on it until it is started
+    again, so a cell is not retried and the remaining cells are not tried (``stages``)."""
+
+
+def why_not_running(paths: RunPaths) -> str:
+    """What became of the run's cluster, for the message: never started, or its keeper died (with
+    the end of the keeper's log)."""
+    state = _read(paths)
+    if state is None:
+        return f"no cluster state ({state_file(paths)}): the CLI starts it, the DAG's start_cluster task does"
+    log_file = paths.cluster / "keeper.log"
+    tail = log_file.read_text(errors="replace").strip().splitlines()[-5:] if log_file.exists() else []
+    return (f"its keeper (pid {state.get('keeper_pid')}, status {state.get('status')!r}) is not running: the hosts "
+            f"went with it; start the cluster again (the CLI: run --run-dir; the DAG: clear start_cluster). "
+            f"{log_file}: " + (" | ".join(tail) if tail else "empty"))
+
+
 def is_running(paths: RunPaths) -> bool:
     state = _read(paths)
     return bool(state and state.get("status") == "ready" and psutil.pid_exists(state["keeper_pid"]))
@@ -175,8 +193,7 @@ def hosts_for_cell(paths: RunPaths, config: BenchmarkConfig, workers: int, netwo
         return ClusterHosts(_pick(hosts_from_config(config), workers))
     state = _read(paths)
     if not is_running(paths) or state is None:
-        raise RuntimeError(f"cluster.kind=emulated but the run's cluster is not running ({state_file(paths)}); "
-                           "the CLI starts it, the DAG's start_cluster task does")
+        raise ClusterGone(f"cluster.kind=emulated but the run's cluster is not running: {why_not_running(paths)}")
     cluster = attach(state)
     return ClusterHosts(_pick(cluster.hosts, workers), cluster, network)
 

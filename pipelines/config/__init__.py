@@ -10,7 +10,7 @@ Sections (``sections.py``): data, training, matrix, engines (each platform's own
 """
 
 from pipelines.config.loading import (
-    load_config, parse_set_options, read_config, save_config, site_defaults,
+    SET_NULL, load_config, parse_set_options, read_config, save_config, site_defaults,
 )
 from pipelines.config.model import (
     BenchmarkConfig, ConfigError, deployment_fields, deployment_keys, field_paths, flat_view, form_schema, json_schema, path_of,
@@ -23,6 +23,6 @@ from pipelines.config.strategy import STRATEGY_EXAMPLES, STRATEGY_PATTERN, Train
 __all__ = [
     "BenchmarkConfig", "ConfigError", "DEFAULT_DATASET", "DEFAULT_MODEL", "PROFILES", "SECTIONS",
     "STRATEGY_EXAMPLES", "STRATEGY_PATTERN", "TrainingStrategy", "deployment", "deployment_fields", "deployment_keys",
-    "field_paths", "flat_view", "form_schema", "json_schema", "load_config", "parse_set_options", "parse_strategy",
+    "SET_NULL", "field_paths", "flat_view", "form_schema", "json_schema", "load_config", "parse_set_options", "parse_strategy",
     "path_of", "read_config", "save_config", "site_defaults",
 ]

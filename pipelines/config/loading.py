@@ -28,16 +28,29 @@ def check_profiles(profile: Any, overrides: dict[str, Any] | None = None) -> Non
             raise ConfigError(f"{where}: unknown profile {name!r} (allowed: {', '.join(PROFILES)})")
 
 
+class _SetNull:
+    """An override that sets a field to None (``--set data.test_samples=null``: "all rows"), where a
+    plain None means "not given, keep the default" (an empty field of the trigger form)."""
+
+    def __repr__(self) -> str:
+        return "null"
+
+
+SET_NULL = _SetNull()
+
+
 def load_config(profile: str = "smoke", overrides: dict[str, Any] | None = None) -> BenchmarkConfig:
-    """Profile defaults, then $MLFLOW_TRACKING_URI, then overrides (None = keep the default).
-    Keys are dotted paths (``training.epochs``) or flat names (``epochs``). ``profile``, and a
-    ``profile`` key of the overrides, must name one of PROFILES (ConfigError otherwise)."""
+    """Profile defaults, then $MLFLOW_TRACKING_URI, then overrides (None = keep the default;
+    ``SET_NULL`` = set the field to None). Keys are dotted paths (``training.epochs``) or flat
+    names (``epochs``). ``profile``, and a ``profile`` key of the overrides, must name one of
+    PROFILES (ConfigError otherwise)."""
     check_profiles("" if profile is None else profile, overrides)
     defaults = {k: v() if callable(v) else v for k, v in PROFILES[profile].items()}
     values = nest({**defaults, "profile": profile})
     if os.environ.get("MLFLOW_TRACKING_URI"):  # e.g. the compose stack's MLflow server
         values = _merge(values, {"tracking": {"mlflow_tracking_uri": os.environ["MLFLOW_TRACKING_URI"]}})
-    values = _merge(values, nest({k: v for k, v in (overrides or {}).items() if v is not None}))
+    given = {k: None if v is SET_NULL else v for k, v in (overrides or {}).items() if v is not None}
+    values = _merge(values, nest(given))
     try:
         return BenchmarkConfig(**values)
     except ValidationError as err:
@@ -45,14 +58,16 @@ def load_config(profile: str = "smoke", overrides: dict[str, Any] | None = None)
 
 
 def parse_set_options(pairs: list[str]) -> dict[str, Any]:
-    """``["epochs=3", "matrix.backends=[\\"ddp\\"]"]`` -> dict; values are JSON if they parse, else str."""
+    """``["epochs=3", "matrix.backends=[\\"ddp\\"]"]`` -> dict; values are JSON if they parse, else str;
+    ``null`` is ``SET_NULL`` (the field set to None, not left at its default)."""
     out: dict[str, Any] = {}
     for pair in pairs:
         key, sep, raw = pair.partition("=")
         if not sep:
             raise ConfigError(f"--set {pair!r}: expected key=value")
         try:
-            out[key.strip()] = json.loads(raw)
+            value = json.loads(raw)
+            out[key.strip()] = SET_NULL if value is None else value
         except json.JSONDecodeError:
             out[key.strip()] = raw
     return out

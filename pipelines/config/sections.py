@@ -71,7 +71,7 @@ class TrainingConfig(Section):
     learning_rate: float = Field(1e-4, gt=0, lt=1)
     weight_decay: float = Field(0.01, ge=0)
     warmup_ratio: float = Field(0.1, ge=0, lt=1)
-    threads_per_worker: int = Field(1, ge=1)  # torch intra-op threads per rank on CPU
+    threads_per_worker: int = Field(1, ge=1, le=64)  # torch intra-op threads per rank on CPU
 
 
 def _default_platforms() -> list[str]:
@@ -203,7 +203,8 @@ class ClusterConfig(Section):
     kind: Literal["local", "emulated", "ssh"] = "local"
     hosts: int = Field(2, ge=1, le=16)  # emulated: how many
     cores_per_host: int = Field(1, ge=1, le=1)  # emulated: a host is pinned to one core
-    memory_mb_per_host: int | None = Field(None, ge=256)  # emulated: a memory cgroup limit
+    # emulated: a memory cgroup limit (at most this machine's memory: checked when the hosts are built)
+    memory_mb_per_host: int | None = Field(None, ge=256, le=4 * 1024 * 1024)
     # ssh: "user@host[:port]" per machine, node 0 first; the run folder and this project's Python must
     # be at the same paths there (shared storage), as for multi-node torchrun
     ssh_hosts: list[str] = deployment([], env="BENCHMARK_SSH_HOSTS")

@@ -134,10 +134,22 @@ def _text_rule(config: BenchmarkConfig, column: str) -> tuple[float, str] | None
     return None
 
 
+def short_rows_note(config: BenchmarkConfig, split: str, source_rows: int | None) -> str:
+    """What a split short of its requested rows means, and the settings that would pass."""
+    requested = getattr(config.data, f"{split}_samples")
+    has = f"the source's {split} split has {source_rows} rows" if source_rows is not None else \
+        f"the source's {split} split has fewer rows"
+    fits = f"<= {source_rows}" if source_rows is not None else "lower"
+    return (f"rule requested rows: data.{split}_samples={requested} but {has}: set data.{split}_samples {fits} "
+            f"(or null: all rows), or data.allow_small_data=true to train on fewer rows than asked")
+
+
 def contract_expectations(config: BenchmarkConfig, columns: list[str],
-                          examples: dict[str, list[dict]] | None = None) -> list:
+                          examples: dict[str, list[dict]] | None = None,
+                          source_rows: dict[str, int | None] | None = None) -> list:
     """The contract's bounds, one per fact column; a normalised / near-duplicate one carries its
-    rule (``meta.notes``) and a few matching rows of both sides (``meta.examples``)."""
+    rule (``meta.notes``) and a few matching rows of both sides (``meta.examples``); a split short
+    of its rows names the setting and the values that pass (``source_rows``: the source's rows)."""
     import great_expectations.expectations as gxe
 
     out = []
@@ -151,7 +163,9 @@ def contract_expectations(config: BenchmarkConfig, columns: list[str],
         elif column.startswith("duplicate_fraction_"):
             out.append(gxe.ExpectColumnValuesToBeBetween(column=column, max_value=config.data.max_duplicate_fraction))
         elif column.startswith("rows_short_") and not config.data.allow_small_data:
-            out.append(gxe.ExpectColumnValuesToBeBetween(column=column, max_value=0))
+            split = column.removeprefix("rows_short_")
+            note = short_rows_note(config, split, (source_rows or {}).get(split))
+            out.append(gxe.ExpectColumnValuesToBeBetween(column=column, max_value=0, meta={"notes": note}))
         elif column.startswith("smallest_class_") and not config.data.allow_small_data:
             out.append(gxe.ExpectColumnValuesToBeBetween(column=column, min_value=config.data.min_rows_per_class))
     return out

@@ -294,7 +294,13 @@ def ingest(config: BenchmarkConfig, paths: RunPaths) -> dict:
         sample, stratified = sample_split(raw, requested[split], config.training.seed, stream, ratio)
         samples[split] = _normalise(sample)
         if requested[split] is not None and requested[split] > len(raw):
-            log.warning("%s: asked for %d rows, source has %d: taking all", split, requested[split], len(raw))
+            if config.data.allow_small_data:
+                log.warning("%s: data.%s_samples=%d but the source has %d rows: taking all %d "
+                            "(data.allow_small_data=true)", split, split, requested[split], len(raw), len(raw))
+            else:  # the data contract (validate) refuses it, with the same words
+                log.warning("%s: data.%s_samples=%d but the source has %d rows: the data contract will refuse "
+                            "it; set data.%s_samples <= %d (or null: all rows), or data.allow_small_data=true",
+                            split, split, requested[split], len(raw), split, len(raw))
         if not stratified:
             log.warning("%s: no 'label' column, sample is not stratified", split)
         facts[split] = {"source_rows": len(raw), "requested_samples": requested[split], "stratified": stratified}

@@ -90,7 +90,9 @@ def validate_snapshot(config: BenchmarkConfig, paths: RunPaths) -> dict:
     seconds = round(time.perf_counter() - started, 3)
     contract = contract_frame(frames, manifest, labels, texts.facts)
     results["contract"] = _run_suite(context, paths, "snapshot", "contract", contract,
-                                     contract_expectations(config, list(contract.columns), texts.examples))
+                                     contract_expectations(config, list(contract.columns), texts.examples,
+                                                           {s: manifest["splits"][s].get("source_rows")
+                                                            for s in ("train", "test")}))
     facts = contract.iloc[0].to_dict()
     overlap = _overlap(frames)
     if overlap["test_rows_in_train"]:

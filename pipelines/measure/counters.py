@@ -48,3 +48,32 @@ def gpu_sample() -> list[list[float]]:
         return [[float(x) for x in line.split(",")] for line in out.splitlines() if line.strip()]
     except (OSError, subprocess.SubprocessError, ValueError):
         return []
+
+
+def oom_kills(host) -> int | None:
+    """Processes the kernel killed for the host's memory limit so far (``oom_kill`` of its memory
+    cgroup's ``memory.oom_control``); None where unreadable (an SSH host, an old kernel)."""
+    control = cgroup_file(host, "memory.oom_control")
+    try:
+        lines = control.read_text().splitlines() if control else []
+    except OSError:
+        return None
+    return next((int(line.split()[1]) for line in lines if line.startswith("oom_kill ")), None)
+
+
+class MemoryLimitKill(RuntimeError):
+    """A cell's process was killed by its host's memory limit (``cluster.memory_mb_per_host``)."""
+
+
+def memory_limit_kill(config, hosts, before: dict[str, int | None]) -> MemoryLimitKill | None:
+    """The error to report when a host's memory limit killed processes since ``before`` (host name ->
+    ``oom_kills`` at the attempt's start), else None."""
+    killed = {h.name: now - before[h.name] for h in hosts or ()
+              if before.get(h.name) is not None and (now := oom_kills(h)) is not None and now > before[h.name]}
+    if not killed:
+        return None
+    where = ", ".join(f"{name}: {n} process(es)" for name, n in killed.items())
+    return MemoryLimitKill(
+        f"killed by the host's memory limit (cluster.memory_mb_per_host={config.cluster.memory_mb_per_host} MB; "
+        f"the kernel's OOM killer in the host's memory cgroup: {where}): raise cluster.memory_mb_per_host or "
+        f"lower training.batch_size / data.max_seq_len")

@@ -95,6 +95,9 @@ class HostLoss:
 def inject(config, cell: CellPaths, hosts: list | None, attempt: int, platform: str) -> Iterator[HostLoss | None]:
     """Around a launch across ``hosts``: lose a host in the first attempt when the config asks."""
     if config.matrix.fault != "host_loss" or attempt != 1 or not hosts or len(hosts) < 2:
+        if config.matrix.fault == "host_loss" and attempt == 1:  # said, not silently fault-free
+            log.warning("fault=host_loss: %s runs on %s: no second host to lose, nothing injected",
+                        cell.name, f"one host ({hosts[0].name})" if hosts else "this machine")
         yield None
         return
     loss = HostLoss(cell, list(hosts), config.matrix.fault_epoch, config.matrix.recovery_deadline_s, platform)

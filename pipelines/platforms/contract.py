@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import ClassVar, Protocol
 
-from pipelines.measure import attempts, faults, resources, tensorboard
+from pipelines.measure import attempts, counters, faults, resources, tensorboard
 from pipelines.training.cell import CellSpec, platform_modules
 from pipelines.config import BenchmarkConfig, TrainingStrategy
 from pipelines.data.manifest import read_manifest, task_labels
@@ -178,6 +178,7 @@ class TrainingBackend(ABC):
                 self.before_window()
             attempt = attempts.begin(cell, lock_wait_seconds=waited)
             launch_time = attempt.start
+            oom_before = {h.name: counters.oom_kills(h) for h in hosts or ()}
             try:
                 if hosts is not None and hasattr(hosts, "prepare"):
                     hosts.prepare()  # e.g. the links shaped to this cell's network, under the lock
@@ -199,10 +200,13 @@ class TrainingBackend(ABC):
                                        f"{cell.worker_result}; see the launcher output / {cell.log}")
                 result = CellResult.read(cell.worker_result)
             except BaseException as err:
-                attempts.end(cell, "failed", error=f"{type(err).__name__}: {err}"[-2000:])
+                oom = counters.memory_limit_kill(config, hosts, oom_before)  # said as such, not a generic failure
+                attempts.end(cell, "failed", error=f"{type(oom or err).__name__}: {oom or err}"[-2000:])
                 stopped = self.cleanup()
                 if stopped:
                     log.warning("%s: stopped %d process(es) the failed cell left: %s", self.name, len(stopped), stopped)
+                if oom is not None:
+                    raise oom from err
                 raise
             history = attempts.end(cell, "ok", startup_seconds=result.startup_seconds)
         result = result.model_copy(update={

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines import platforms
+from pipelines.cluster.lifecycle import ClusterGone
 from pipelines.config import BenchmarkConfig, load_config, read_config, save_config
 from pipelines.runfolder.paths import DEFAULT_STRATEGY, CellPaths, RunPaths, cell_name, safe_run_id
 
@@ -214,7 +215,7 @@ def train_cell(run_dir: str, backend: str, workers: int, repeat: int = 0,
             result = _train_once(config, paths, backend, workers, repeat, strategy, network)
             break
         except Exception as err:  # CellTerminated (a signal) is a BaseException: never retried
-            if tries == retries:
+            if tries == retries or isinstance(err, ClusterGone):  # no host to retry on
                 raise
             log.warning("cell %s failed (%s); retry %d of %d resumes from its last checkpoint",
                         cell.name, err, tries + 1, retries)
@@ -254,15 +255,21 @@ def _train_once(config: BenchmarkConfig, paths: RunPaths, backend: str, workers:
 def train_cells(run_dir: str, force: bool = False) -> list[str]:
     """Every planned cell of the run in order, each with ``train_cell``'s retries; a cell that
     still fails is recorded (result.json) and the others go on. Returns the failed cells' names."""
-    failed = []
+    failed, gone, untried = [], None, []
     for backend, strategy, network, workers, repeat in planned_cells(run_dir):
+        name = cell_name(backend, workers, repeat, strategy, network)
+        if gone is not None:  # the cluster went: the others fail at once, with its cause
+            untried.append(name)
+            continue
         try:
             train_cell(run_dir, backend, workers, repeat, force=force, strategy=strategy, network=network)
         except Exception as err:
-            name = cell_name(backend, workers, repeat, strategy, network)
             log.error("cell %s failed: %s", name, err)
             failed.append(name)
-    return failed
+            gone = err if isinstance(err, ClusterGone) else None
+    if untried:
+        log.error("the run's cluster is gone (%s): %d cell(s) not tried: %s", gone, len(untried), ", ".join(untried))
+    return failed + untried
 
 
 def evaluate(run_dir: str) -> dict:

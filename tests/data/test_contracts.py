@@ -37,6 +37,9 @@ def test_a_tiny_dataset_fails_unless_allowed_and_then_is_never_a_baseline(make_c
     with pytest.raises(DataValidationError) as err:
         validate_snapshot(config, paths)
     assert "rows_short_train" in str(err.value) and "smallest_class_test" in str(err.value)
+    # the refusal names the setting and the values that pass (the smoke profile asks 1,200 / 400)
+    assert (f"data.test_samples={config.data.test_samples} but the source's test split has 4 rows: set "
+            f"data.test_samples <= 4 (or null: all rows), or data.allow_small_data=true") in str(err.value)
 
     relaxed = make_config(dataset_source=source, allow_small_data=True, min_class_fraction=0.1)
     summary = validate_snapshot(relaxed, paths)

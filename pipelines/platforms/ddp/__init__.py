@@ -25,9 +25,7 @@ PLATFORM = register(Platform(
     colour="#1d4ed8", settings=DDPSettings, reference=True, node_rank_setting="engines.ddp.node_rank",
     process_kinds=(("torchrun", "torchrun"), ("torch.distributed.run", "torchrun")),
     # torch is every platform's: DDP adds nothing to install; across machines a torchrun per
-    # machine with the rendezvous settings (engines.ddp), started by whoever runs the job
-    features={"fault tolerance": (
-        "a failed attempt resumes from the loop's last checkpoint (torchrun restarts it up to "
-        "--max-restarts; the project's retry after that)",
-        "tests/backends/test_backends.py::test_ddp_killed_after_epoch_1_resumes_at_epoch_2_with_same_result")},
+    # machine with the rendezvous settings (engines.ddp), started by whoever runs the job. It brings
+    # no orchestration feature of its own as run here (--max-restarts 0: a failed attempt is the
+    # project's to retry; torchrun's elastic restarts are not used yet)
 ))
