@@ -18,10 +18,12 @@ Why not Mininet: it needs Open vSwitch (or its reference controller) and its ``m
 built from source; the PyPI ``mininet`` is a 2020 2.3.0.dev6 without those. Driving ``ip``/``tc``
 directly needs only iproute2 (scripts/system_deps.sh) and is a few dozen commands.
 
-Ownership: names carry the owner's PID, so :func:`sweep` (run by every ``start()``) removes what a
-dead (e.g. SIGKILLed) owner left behind and never touches a live owner's cluster (by hand:
-``python -c "from pipelines.cluster import sweep; print(sweep())"``). A PID reused by an unrelated
-process keeps a dead owner's leftovers until that process exits too. Cgroups are made
+Ownership: names carry the owner's PID and its start time (``bmc<pid>s<start>-``, the start in clock
+ticks after boot, /proc/<pid>/stat field 22), so :func:`sweep` (run by every ``start()``) removes what
+a dead (e.g. SIGKILLed) owner left behind and never touches a live owner's cluster, also when the
+owner's PID was reused by another process since (by hand:
+``python -c "from pipelines.cluster import sweep; print(sweep())"``). It only ever looks at names
+of that form. Cgroups are made
 under the owner's own cgroup of each controller, so a host's processes stay inside whatever
 accounting and limits the owner already lives under.
 """
@@ -38,7 +40,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
 
-import psutil
 
 from pipelines.cluster.processes import stop_tree
 
@@ -46,7 +47,7 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 PROC_CGROUP = Path("/proc/self/cgroup")  # this process's cgroups, one line per hierarchy
 CONTROLLERS = ("cpuset", "memory", "cpuacct")  # cpuacct: a host's CPU time (pipelines.measure.resources)
 SUBNET = "10.213.0"  # /24; only ever configured inside this code's own namespaces
-OWNER_PATTERN = r"^bmc(\d+)-"  # group 1: the owner's PID
+OWNER_PATTERN = r"^bmc(\d+)s(\d+)-"  # the owner's PID and its start (clock ticks after boot)
 _NAME = re.compile(r"^[a-z0-9_]{1,16}$")
 _RATE = re.compile(r"^(\d+(?:\.\d+)?)(mbit|gbit)$")
 # tc tbf below 1 Mbit/s rounds toward 0 and crawls (a cell with no timeout holding the host lock);
@@ -154,6 +155,31 @@ def owner_pid(name: str, pattern: str = OWNER_PATTERN) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def process_start(pid: int) -> int | None:
+    """A process's start in clock ticks after boot (/proc/<pid>/stat field 22); None if it is gone."""
+    try:
+        data = Path(f"/proc/{pid}/stat").read_bytes()
+        return int(data[data.rindex(b")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def owner_prefix(pid: int | None = None) -> str:
+    """``bmc<pid>s<start>``: names a live process for good (a reused PID has another start)."""
+    pid = os.getpid() if pid is None else pid
+    return f"bmc{pid}s{process_start(pid)}"
+
+
+def _owner_is_dead(name: str, pattern: str) -> bool:
+    """The owner a name carries is gone: its PID is free, or now names a process started later."""
+    match = re.match(pattern, name)
+    if not match:
+        return False  # not a name of ours: never touched
+    pid, start = int(match.group(1)), (int(match.group(2)) if match.lastindex and match.lastindex > 1 else None)
+    now = process_start(pid)
+    return now is None or (start is not None and now != start)
+
+
 def list_netns() -> list[str]:
     if shutil.which("ip") is None:  # no iproute2 (e.g. a container): no namespace of ours can exist
         return []
@@ -210,15 +236,11 @@ def remove_netns_and_cgroups(netns: list[str], cgroups: list[Path]) -> None:
 
 
 def sweep(prefix_pattern: str = OWNER_PATTERN) -> list[str]:
-    """Remove namespaces and cgroups whose owner PID (pattern group 1) is dead; return their names."""
-    dead_ns = [ns for ns in list_netns() if _is_dead(owner_pid(ns, prefix_pattern))]
-    dead_cg = [cg for cg in find_cgroups(prefix_pattern) if _is_dead(owner_pid(cg.name, prefix_pattern))]
+    """Remove namespaces and cgroups whose owner (PID and start, ``OWNER_PATTERN``) is gone; return their names."""
+    dead_ns = [ns for ns in list_netns() if _owner_is_dead(ns, prefix_pattern)]
+    dead_cg = [cg for cg in find_cgroups(prefix_pattern) if _owner_is_dead(cg.name, prefix_pattern)]
     remove_netns_and_cgroups(dead_ns, dead_cg)
     return dead_ns + [str(cg) for cg in dead_cg]
-
-
-def _is_dead(pid: int | None) -> bool:
-    return pid is not None and not psutil.pid_exists(pid)
 
 
 class EmulatedHost:
@@ -279,7 +301,7 @@ class EmulatedCluster:
             raise ValueError(f"memory_mb must be positive; got {memory_mb}")
         self.name, self.n_hosts, self.memory_mb = name, hosts, memory_mb
         self.network = NetworkSpec.parse(network)
-        self.prefix = f"bmc{os.getpid()}-{name}"
+        self.prefix = f"{owner_prefix()}-{name}"
         self.switch_netns = f"{self.prefix}-sw"
         self.hosts: list[EmulatedHost] = []
         self.processes: list[subprocess.Popen] = []

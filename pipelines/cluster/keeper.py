@@ -24,6 +24,7 @@ import threading
 import psutil
 
 from pipelines.cluster.emulated import EmulatedCluster
+from pipelines.cluster.processes import identity
 from pipelines.runfolder.fileio import atomic_write_json
 
 log = logging.getLogger("pipelines.cluster.keeper")
@@ -32,7 +33,9 @@ log = logging.getLogger("pipelines.cluster.keeper")
 def state_of(cluster: EmulatedCluster) -> dict:
     """Everything another process needs to reach the hosts (``lifecycle.attach``)."""
     return {
-        "status": "ready", "keeper_pid": os.getpid(), "name": cluster.name, "prefix": cluster.prefix,
+        # the keeper's pid with its start time: what stop() checks before any signal (a reused pid is not it)
+        "status": "ready", "keeper_pid": os.getpid(), "keeper": identity(os.getpid()), "name": cluster.name,
+        "prefix": cluster.prefix,
         "switch_netns": cluster.switch_netns, "network": cluster.network.text, "memory_mb": cluster.memory_mb,
         "cgroup_parents": {c: str(p) for c, p in cluster.cgroup_parents.items()},
         "hosts": [{"name": h.name, "netns": h.netns, "address": h.address, "core": h.core,

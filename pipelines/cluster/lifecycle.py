@@ -37,7 +37,7 @@ from pathlib import Path
 import psutil
 
 from pipelines.cluster.emulated import EmulatedCluster, EmulatedHost, NetworkSpec, _cmd, sweep
-from pipelines.cluster.processes import start_session, stop_tree
+from pipelines.cluster.processes import start_session, still, stop_tree
 from pipelines.config import BenchmarkConfig
 from pipelines.runfolder.paths import RunPaths
 
@@ -77,7 +77,12 @@ def why_not_running(paths: RunPaths) -> str:
 
 def is_running(paths: RunPaths) -> bool:
     state = _read(paths)
-    return bool(state and state.get("status") == "ready" and psutil.pid_exists(state["keeper_pid"]))
+    return bool(state and state.get("status") == "ready" and _keeper_alive(state))
+
+
+def _keeper_alive(state: dict) -> bool:
+    """The keeper the state names still runs: its pid and start time (a pid alone may be reused)."""
+    return still(state["keeper"]) if state.get("keeper") else psutil.pid_exists(state["keeper_pid"])
 
 
 def start(paths: RunPaths, config: BenchmarkConfig, tied_to_caller: bool = False) -> dict | None:
@@ -125,7 +130,7 @@ def stop(paths: RunPaths) -> list[str]:
     state = _read(paths)
     if state is None:
         return []
-    if state and psutil.pid_exists(state["keeper_pid"]):
+    if state and _keeper_alive(state):  # proved ours before any signal
         if stop_tree([state["keeper_pid"]], STOP_S, kill_wait_s=5.0, tree=False):
             log.warning("the cluster keeper %d did not stop in %.0fs: killed, leftovers swept", state["keeper_pid"],
                         STOP_S)

@@ -63,18 +63,24 @@ grace, argv = float(sys.argv[1]), sys.argv[2:]
 child = subprocess.Popen(argv, start_new_session=True)
 lock = threading.Lock()
 
-def tree(root):
-    kids = {}
+def stat(pid):  # (ppid, start in ticks after boot), or None when gone
+    try:
+        f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        return int(f[1]), int(f[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+def tree(root):  # [(pid, start)] of root and its descendants: a pid with its start names one process
+    kids, starts = {}, {}
     for d in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            ppid = int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        kids.setdefault(ppid, []).append(int(d))
+        s = stat(d)
+        if s is not None:
+            kids.setdefault(s[0], []).append(int(d))
+            starts[int(d)] = s[1]
     out, todo = [], [root]
     while todo:
         pid = todo.pop()
-        out.append(pid)
+        out.append((pid, starts.get(pid)))
         todo += kids.get(pid, [])
     return out
 
@@ -89,7 +95,10 @@ def reap(*_):
     deadline = time.monotonic() + grace
     while child.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    for pid in pids + tree(child.pid):
+    for pid, start in pids + tree(child.pid):
+        now = stat(pid)
+        if now is None or now[1] != start:  # gone, or its pid reused since the snapshot: not ours
+            continue
         try:
             os.kill(pid, signal.SIGKILL)
         except OSError:

@@ -2,7 +2,7 @@
 
 ``host_lock()``: an exclusive ``flock`` on a file every runner on the host shares (the CLI, every
 Airflow worker process, bench/), so the timed part of two cells never overlaps, whoever
-started them. ``BENCHMARK_HOST_LOCK`` names the file (default ``/tmp/pipelines-benchmark.lock``;
+started them. ``BENCHMARK_HOST_LOCK`` names the file (default ``/tmp/pipelines-benchmark-<uid>/host.lock``, in a folder only that user can write;
 point every runner on a host at the same one). The data stage does not take it.
 
 ``begin`` / ``end`` keep ``<cell>/attempts.json``: an attempt starts when the adapter holds the
@@ -20,6 +20,7 @@ import fcntl
 import json
 import os
 import re
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +29,20 @@ from pipelines.runfolder.fileio import atomic_write_text
 from pipelines.runfolder.paths import CellPaths
 from pipelines.runfolder.results import Attempt
 
-DEFAULT_LOCK = "/tmp/pipelines-benchmark.lock"
+# in a folder only this user can write (another user could otherwise replace the file with a link)
+DEFAULT_LOCK_DIR = f"/tmp/pipelines-benchmark-{os.getuid()}"
+DEFAULT_LOCK = f"{DEFAULT_LOCK_DIR}/host.lock"
+
+
+def private_dir(path: Path) -> Path:
+    """``path`` as a folder only this user can write: made 0700, or refused (with why) when it exists
+    owned by someone else or writable by others."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = path.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
+        raise PermissionError(f"{path}: must be a folder of uid {os.getuid()} that no one else can write "
+                              f"(found uid {info.st_uid}, mode {stat.filemode(info.st_mode)}); remove it")
+    return path
 _EPOCH_FILE = re.compile(r"epoch-(\d+)\.pt$")
 
 
@@ -36,9 +50,13 @@ _EPOCH_FILE = re.compile(r"epoch-(\d+)\.pt$")
 def host_lock(path: str | None = None) -> Iterator[float]:
     """Hold the host's timing lock; yields the seconds waited for it."""
     lock_file = Path(path or os.environ.get("BENCHMARK_HOST_LOCK") or DEFAULT_LOCK)
-    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    if lock_file == Path(DEFAULT_LOCK):
+        private_dir(lock_file.parent)
+    else:
+        lock_file.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
-    with open(lock_file, "a") as fh:
+    fd = os.open(lock_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)  # never a link
+    with os.fdopen(fd, "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)  # released by the kernel even if this process is killed
         try:
             yield time.monotonic() - start

@@ -18,7 +18,7 @@ import pytest
 
 from pipelines.cluster import why_unavailable
 from pipelines.cluster import measure_throughput
-from pipelines.cluster.emulated import find_cgroups, list_netns
+from pipelines.cluster.emulated import find_cgroups, list_netns, owner_pid
 from pipelines.runfolder.paths import RunPaths
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -27,8 +27,8 @@ pytestmark = pytest.mark.skipif(_NO_NETNS is not None, reason=str(_NO_NETNS))
 
 
 def _left_of(keeper_pid: int) -> list[str]:
-    prefix = f"bmc{keeper_pid}-"
-    return [ns for ns in list_netns() if ns.startswith(prefix)] + [str(c) for c in find_cgroups() if c.name.startswith(prefix)]
+    ours = lambda name: owner_pid(name) == keeper_pid  # noqa: E731 - bmc<pid>s<start>-...
+    return [ns for ns in list_netns() if ours(ns)] + [str(c) for c in find_cgroups() if ours(c.name)]
 
 
 def _emulated(make_config, **overrides):
