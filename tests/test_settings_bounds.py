@@ -110,3 +110,17 @@ def test_a_cgroup_v2_only_machine_is_refused_in_preflight_with_the_reason(tmp_pa
     # this machine (cgroup v1): nothing missing
     monkeypatch.undo()
     assert emulated.missing_cgroup_controllers() == []
+
+
+def test_spark_and_ray_across_ssh_machines_are_refused_up_front_with_why(make_config):
+    """Their daemons would stay on the machines without a secret (Spark) or without the token
+    anywhere but here (Ray): refused before anything starts, each with its reason."""
+    from pipelines.run import preflight
+
+    ssh = {"cluster.kind": "ssh", "networks": ["ssh"], "cluster.ssh_hosts": ["root@a", "root@b"],
+           "worker_counts": [2]}
+    problems = preflight.problems(make_config(**ssh, backends=["ddp", "spark", "spark_dataframe", "ray"]))
+    assert any(p.startswith("cluster.kind=ssh: spark is refused: ") and "authentication secret" in p for p in problems)
+    assert any(p.startswith("cluster.kind=ssh: spark_dataframe is refused") for p in problems)
+    assert any(p.startswith("cluster.kind=ssh: ray is refused: ") and "token" in p for p in problems)
+    assert not any("ddp is refused" in p for p in problems)

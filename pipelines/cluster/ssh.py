@@ -12,10 +12,14 @@ every multi-node launch of this project::
 ``SSHHost.run(argv, env)`` starts ``ssh -T -o BatchMode=yes ... user@address '<remote command>'``
 (OpenSSH client, no password prompt ever: key authentication only, host keys checked with
 ``StrictHostKeyChecking``, ``yes`` by default). The remote command is one shell-quoted string
-(ssh hands it to the remote login shell): ``cd <cwd> && exec env K=V ... <python> -c <reaper>
-<grace> <argv...>``; every variable of ``env`` is passed explicitly (except those describing
-this machine's own login session, ``LOCAL_ONLY_ENV``), plus ``BENCHMARK_HOST=<name>`` so the
-ranks report where they ran (``pipelines.training.distributed.placement``).
+(ssh hands it to the remote login shell): ``cd <cwd> && exec <python> -c <reaper> <grace>
+<argv...>``. The environment never goes on a command line (any local user reads those with ``ps``
+for the whole cell): the variables of ``env`` on an allow-list (``FORWARDED_PREFIXES``,
+``FORWARDED_NAMES``), plus ``BENCHMARK_HOST=<name>`` so the ranks report where they ran
+(``pipelines.training.distributed.placement``), go as one JSON line first on the session's stdin,
+which the reaper reads byte by byte before it starts the program. The machine's network interface
+(``ifname``, for gloo's and NCCL's sockets) is asked of the machine itself (``interface``): the one
+that holds its address, else its default route's.
 
 Why a remote reaper, not ``ssh -tt``: without a terminal, sshd does not signal the remote
 command when the client goes away; it only closes the session's pipes. ``-tt`` would make sshd
@@ -41,26 +45,42 @@ from the root namespace, so its test starts the client inside a third emulated h
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
+import socket
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 HOST_ENV = "BENCHMARK_HOST"  # = pipelines.training.distributed.HOST_ENV (which imports torch)
+# what reaches the remote program's environment: the launch's own variables and what Python, torch,
+# Hugging Face and the launchers read; anything else (a cloud key, a password) stays on this machine
+FORWARDED_PREFIXES = ("BENCHMARK_", "OMP_", "MKL_", "TORCH", "PYTORCH_", "NCCL_", "GLOO_", "TP_", "CUDA_", "DS_",
+                      "HF_", "TRANSFORMERS_", "TOKENIZERS_", "PYTHON", "DET_", "LC_", "XDG_")
+FORWARDED_NAMES = frozenset({"PATH", "LANG", "HOME", "USER", "TZ", "TMPDIR", "VIRTUAL_ENV", "LD_LIBRARY_PATH",
+                             "JAVA_HOME", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK",
+                             "USE_TORCH_DISTRIBUTED", "SHARED_DATA"})
 # this machine's own session: meaningless (or misleading) on the remote one
 LOCAL_ONLY_ENV = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "HOSTNAME", "TERM", "DISPLAY", "XAUTHORITY",
                             "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "SSH_AUTH_SOCK", "SSH_AGENT_PID"})
+SOCKET_IFNAME_ENV = ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")  # set per host here
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _ENTRY = re.compile(r"^(?:(?P<user>[^@\s]+)@)?(?:\[(?P<v6>[^\]]+)\]|(?P<host>[^:@\s\[\]]+))(?::(?P<port>\d+))?$")
 
 # Runs on the remote machine: python -c REAPER <grace_s> <argv...> (see the module docstring).
 REAPER = r"""
-import os, select, signal, subprocess, sys, threading, time
+import json, os, select, signal, subprocess, sys, threading, time
 grace, argv = float(sys.argv[1]), sys.argv[2:]
-child = subprocess.Popen(argv, start_new_session=True)
+line = b""
+while not line.endswith(b"\n"):  # the environment, one JSON line; byte by byte: the rest is the program's
+    byte = os.read(0, 1)
+    if not byte:
+        break
+    line += byte
+child = subprocess.Popen(argv, start_new_session=True, env={**os.environ, **json.loads(line or b"{}")})
 lock = threading.Lock()
 
 def stat(pid):  # (ppid, start in ticks after boot), or None when gone
@@ -142,7 +162,7 @@ class SSHHost:
     user: str | None = None
     port: int = 22
     identity_file: str | None = None
-    ifname: str = "eth0"
+    ifname: str = ""  # the network interface for the collectives' sockets; "": asked of the machine
     ssh_prefix: list[str] = field(default_factory=list)
     strict_host_key_checking: str = "yes"
     known_hosts_file: str | None = None
@@ -150,6 +170,7 @@ class SSHHost:
     python: str = sys.executable  # the remote reaper's interpreter (the same path as the workers')
     kill_grace_s: float = 15.0  # SIGTERM -> SIGKILL on the remote side
     connect_timeout_s: int = 15
+    _interface: str | None = field(default=None, repr=False)
 
     @property
     def target(self) -> str:
@@ -171,20 +192,57 @@ class SSHHost:
             argv += ["-o", opt]
         return [*argv, "--", self.target, remote_command]
 
-    def remote_command(self, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str) -> str:
-        """The shell-quoted command line the remote login shell runs (cd, env, reaper, argv)."""
-        assignments = {k: v for k, v in (env or {}).items() if k not in LOCAL_ONLY_ENV and _ENV_NAME.match(k)}
-        assignments[HOST_ENV] = self.name
-        words = ["env", *(f"{k}={v}" for k, v in assignments.items()),
-                 self.python, "-c", REAPER, repr(float(self.kill_grace_s)), *map(str, argv)]
+    def remote_command(self, argv: Sequence[str], cwd: str) -> str:
+        """The shell-quoted command line the remote login shell runs (cd, reaper, argv): no variable."""
+        words = [self.python, "-c", REAPER, repr(float(self.kill_grace_s)), *map(str, argv)]
         return f"cd {shlex.quote(cwd)} && exec " + " ".join(shlex.quote(w) for w in words)
+
+    def forwarded_env(self, env: Mapping[str, str] | None) -> dict[str, str]:
+        """What of ``env`` reaches the remote program (the allow-list), with this host's name and
+        its own interface for the collectives' sockets."""
+        out = {k: v for k, v in (env or {}).items() if _ENV_NAME.match(k) and k not in LOCAL_ONLY_ENV
+               and (k in FORWARDED_NAMES or k.startswith(FORWARDED_PREFIXES))}
+        for name in SOCKET_IFNAME_ENV:
+            if name in out:
+                out[name] = self.interface()
+        return {**out, HOST_ENV: self.name}
 
     def run(self, argv: list[str], env: dict[str, str] | None = None, **popen_kwargs) -> subprocess.Popen:
         """Start argv on the machine (popen_kwargs' ``cwd`` there, else this process's working
-        directory); terminating or killing the returned Popen (the local ssh) ends it there too."""
+        directory); terminating or killing the returned Popen (the local ssh) ends it there too.
+        ``stdin``: DEVNULL (the default: never this process's own) or PIPE, after the environment."""
         cwd = str(popen_kwargs.pop("cwd", None) or os.getcwd())
-        popen_kwargs.setdefault("stdin", subprocess.DEVNULL)  # never this process's own stdin
-        return subprocess.Popen(self.ssh_command(self.remote_command(argv, env, cwd)), **popen_kwargs)
+        stdin = popen_kwargs.pop("stdin", subprocess.DEVNULL)
+        if stdin not in (subprocess.DEVNULL, subprocess.PIPE, None):
+            raise ValueError("SSHHost.run: stdin must be DEVNULL or PIPE (the environment goes first on it)")
+        line = json.dumps(self.forwarded_env(env)) + "\n"
+        proc = subprocess.Popen(self.ssh_command(self.remote_command(argv, cwd)), stdin=subprocess.PIPE,
+                                **popen_kwargs)
+        text = any(popen_kwargs.get(k) for k in ("text", "universal_newlines", "encoding", "errors"))
+        proc.stdin.write(line if text else line.encode())
+        proc.stdin.flush()
+        if stdin != subprocess.PIPE:
+            proc.stdin.close()
+            proc.stdin = None  # as if started with DEVNULL (communicate() then writes nothing)
+        return proc
+
+    def interface(self) -> str:
+        """The machine's network interface holding its address (else its default route's), asked of
+        the machine once; ``ifname`` when set explicitly."""
+        if self.ifname:
+            return self.ifname
+        if self._interface is None:
+            address = socket.gethostbyname(self.address) if not self.address.replace(".", "").isdigit() \
+                else self.address
+            rows = self.check(["ip", "-o", "-4", "addr", "show"]).splitlines()
+            found = [r.split()[1] for r in rows if f" {address}/" in r]
+            if not found:
+                found = self.check(["ip", "-o", "route", "show", "default"]).split("dev ")[1:2]
+                found = [found[0].split()[0]] if found else []
+            if not found:
+                raise RuntimeError(f"{self.name}: no interface holds {address} and no default route: set ifname")
+            self._interface = found[0]
+        return self._interface
 
     def check(self, argv: Sequence[str], timeout_s: float = 30.0) -> str:
         """Run a short command there (no reaper, no environment) and return its stdout."""
@@ -198,7 +256,7 @@ class SSHHost:
 
     def link_bytes(self) -> tuple[int, int]:
         """(tx_bytes, rx_bytes) of the machine's ``ifname``, from its kernel's counters."""
-        stats = f"/sys/class/net/{self.ifname}/statistics"
+        stats = f"/sys/class/net/{self.interface()}/statistics"
         tx, rx = self.check(["cat", f"{stats}/tx_bytes", f"{stats}/rx_bytes"]).split()
         return int(tx), int(rx)
 
@@ -207,7 +265,7 @@ class SSHHost:
 
 
 def ssh_hosts(addresses: Sequence[str], user: str | None = None, port: int = 22,
-              identity_file: str | None = None, ifname: str = "eth0", ssh_prefix: Sequence[str] | None = None,
+              identity_file: str | None = None, ifname: str = "", ssh_prefix: Sequence[str] | None = None,
               names: Sequence[str] | None = None, **options) -> list[SSHHost]:
     """One ``SSHHost`` per entry (``[user@]host[:port]``; ``user``/``port`` where an entry has
     none), named ``names[k]`` or its host part; ``options``: further ``SSHHost`` fields

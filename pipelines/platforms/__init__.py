@@ -94,6 +94,8 @@ class Platform:
     programs: tuple[str, ...] = ()
     cluster_files: tuple[str, ...] = ()
     features: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    # why it cannot run across real machines over SSH yet ("" : it can); preflight refuses such a run
+    ssh_refusal: str = ""
     package: str = ""  # the module that declared it (set by register): workers import it by name
 
     def __post_init__(self) -> None:

@@ -86,6 +86,11 @@ def _cluster_problems(config: BenchmarkConfig) -> list[str]:
     from pipelines.cluster.lifecycle import worker_count_problems
 
     out = worker_count_problems(config)
+    if config.cluster.kind == "ssh":
+        from pipelines import platforms
+
+        out += [f"cluster.kind=ssh: {b} is refused: {platforms.get(b).ssh_refusal}"
+                for b in config.matrix.backends if platforms.get(b).ssh_refusal]
     if config.cluster.kind == "emulated" and (reason := why_unavailable()):
         out.append(f"cluster.kind=emulated: no emulated cluster can be built on this machine: {reason}")
     return out

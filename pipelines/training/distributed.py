@@ -62,27 +62,33 @@ _SPARK_EXECUTOR_DIR = re.compile(r"/(app-\d+-\d+)/(\d+)$")
 
 
 HOST_ENV = "BENCHMARK_HOST"  # set by a launch host (EmulatedHost.run, SSHHost.run): its name
-HOST_IFNAME = "eth0"  # a launch host's cluster interface
+HOST_IFNAME = "eth0"  # an emulated host's cluster interface
 
 
-def host_address(ifname: str = HOST_IFNAME) -> str | None:
+def host_ifname() -> str:
+    """The launch host's cluster interface: the one its launcher set for gloo's sockets (an SSH
+    machine's own, ``SSHHost.interface``), else an emulated host's ``eth0``."""
+    return os.environ.get("GLOO_SOCKET_IFNAME") or HOST_IFNAME
+
+
+def host_address(ifname: str | None = None) -> str | None:
     """This process's IPv4 address on the cluster interface (seen from inside its network
     namespace), or None on a plain host."""
     import psutil
 
-    for addr in psutil.net_if_addrs().get(ifname, []):
+    for addr in psutil.net_if_addrs().get(ifname or host_ifname(), []):
         if addr.family == socket.AF_INET:
             return addr.address
     return None
 
 
-def link_tx_bytes(ifname: str = HOST_IFNAME) -> int | None:
+def link_tx_bytes(ifname: str | None = None) -> int | None:
     """Bytes this launch host's cluster interface has sent (its own network namespace's counters),
     or None off a launch host (a one-host cell: no link)."""
     if not os.environ.get(HOST_ENV):
         return None
     try:
-        with open(f"/sys/class/net/{ifname}/statistics/tx_bytes") as fh:
+        with open(f"/sys/class/net/{ifname or host_ifname()}/statistics/tx_bytes") as fh:
             return int(fh.read())
     except (OSError, ValueError):
         return None

@@ -46,12 +46,17 @@ def test_entries_argv_and_remote_command():
     for opt in ("BatchMode=yes", "StrictHostKeyChecking=yes", "UserKnownHostsFile=/k/kh", "IdentitiesOnly=yes"):
         assert opt in argv
     assert argv[argv.index("-i") + 1] == "/k/id" and argv[argv.index("-p") + 1] == "2201" and "-T" in argv
-    remote = hosts[0].remote_command(["python", "-m", "x", "it's"], {"A": "b c", "PWD": "/here", "X-Y": "1"},
-                                     "/work dir")
+    remote = hosts[0].remote_command(["python", "-m", "x", "it's"], "/work dir")
     words = shlex.split(remote)
-    assert words[:5] == ["cd", "/work dir", "&&", "exec", "env"]
-    assert "A=b c" in words and "BENCHMARK_HOST=h0" in words and not any(w.startswith(("PWD=", "X-Y=")) for w in words)
-    assert words[-4:] == ["python", "-m", "x", "it's"]
+    assert words[:4] == ["cd", "/work dir", "&&", "exec"] and words[-4:] == ["python", "-m", "x", "it's"]
+    # the environment is never on the command line (ps shows it to every local user): an allow-list of
+    # it goes first on the session's stdin; a secret stays here
+    env = {"BENCHMARK_X": "b c", "OMP_NUM_THREADS": "1", "PATH": "/bin", "PWD": "/here", "X-Y": "1",
+           "AWS_SECRET_ACCESS_KEY": "s3cr3t", "MLFLOW_TRACKING_PASSWORD": "pw", "GLOO_SOCKET_IFNAME": "eth0"}
+    hosts[0].ifname = "ens5"  # what the machine answered (interface()), or set by hand
+    assert hosts[0].forwarded_env(env) == {"BENCHMARK_X": "b c", "OMP_NUM_THREADS": "1", "PATH": "/bin",
+                                           "GLOO_SOCKET_IFNAME": "ens5", "BENCHMARK_HOST": "h0"}
+    assert "s3cr3t" not in remote and "BENCHMARK_X" not in remote
     with pytest.raises(ValueError, match="host names must differ"):
         ssh_hosts(["a:1", "a:2"])
     from pipelines.cluster import ssh
@@ -142,7 +147,8 @@ def _alive(pid: int) -> bool:
 _STUBBORN = ("import json, os, signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
              "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'], start_new_session=True); "
              "print(json.dumps({'pids': [os.getpid(), c.pid], 'host': os.environ['BENCHMARK_HOST'], "
-             "'odd': os.environ['ODD'], 'cwd': os.getcwd()}), flush=True); time.sleep(300)")
+             "'odd': os.environ['BENCHMARK_ODD'], 'secret': os.environ.get('AWS_SECRET_ACCESS_KEY'), "
+             "'cwd': os.getcwd()}), flush=True); time.sleep(300)")
 
 
 @pytest.mark.skipif(_NO_NETNS is not None or _NO_SSHD is not None, reason=str(_NO_NETNS or _NO_SSHD))
@@ -150,10 +156,13 @@ def test_terminating_or_killing_the_local_ssh_kills_the_remote_process_tree(tmp_
     odd = "a b 'c' \"d\" $HOME `x` ; \\"
     with ssh_cluster(tmp_path, network="unshaped", kill_grace_s=2.0) as (cluster, hosts, sshd_pids):
         for host, stop in zip(hosts, ("terminate", "kill")):
-            proc = host.run([sys.executable, "-c", _STUBBORN], env={"ODD": odd, "PATH": "/usr/bin:/bin"},
+            proc = host.run([sys.executable, "-c", _STUBBORN], env={"BENCHMARK_ODD": odd, "PATH": "/usr/bin:/bin",
+                                                                    "AWS_SECRET_ACCESS_KEY": "s3cr3t"},
                             cwd=str(tmp_path), stdout=subprocess.PIPE, text=True)
             report = json.loads(proc.stdout.readline())
             assert (report["host"], report["odd"], report["cwd"]) == (host.name, odd, str(tmp_path))
+            # the environment went through stdin (not the ssh command line), without what is not allowed
+            assert report["secret"] is None and odd not in " ".join(proc.args)
             emulated = next(h for h in cluster.hosts if h.name == host.name)
             assert set(report["pids"]) <= set(emulated.pids())  # they run inside that host
             start = time.monotonic()
@@ -186,6 +195,7 @@ def test_a_ddp_cell_over_ssh_one_rank_on_each_host(tmp_path, imdb_dir, bert_tiny
                                train_per_class=48, test_per_class=24, seq_len=32, seed=3)
     (tmp_path / "ssh").mkdir()
     with ssh_cluster(tmp_path / "ssh") as (cluster, hosts, sshd):
+        assert [h.interface() for h in hosts] == ["eth0", "eth0"]  # asked of each machine, not assumed
         result = run_cell(_config(tmp_path, imdb_dir, bert_tiny_dir), paths, "ddp", 2, hosts=hosts)
         for h in cluster.hosts[:2]:  # the launch waited for every torchrun: only sshd is left
             _wait_until(lambda h=h: set(h.pids()) <= set(sshd), 10, f"only sshd left on {h.name}")

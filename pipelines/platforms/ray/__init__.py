@@ -40,7 +40,10 @@ _FEATURES = {
     "fault tolerance": ("a new run restores the latest checkpoint reported to Ray Train (its run snapshot)",
                         "tests/backends/test_ray.py::test_ray_cell_killed_after_epoch_1_resumes_from_rays_checkpoint"),
 }
-_COMMON = dict(settings=None, colour="#7c3aed", distributions=("ray",), features=_FEATURES,
+_SSH_REFUSAL = ("across SSH machines its head and nodes would need the cluster's token on every machine (it is "
+                "written to this machine's /tmp only) and a tracked stop; until then run it on emulated hosts or "
+                "join a Ray cluster of your own (engines.ray.address)")
+_COMMON = dict(settings=None, colour="#7c3aed", distributions=("ray",), features=_FEATURES, ssh_refusal=_SSH_REFUSAL,
                # "=" : the process's own name; else a part of its command line (a worker's names its raylet)
                process_kinds=(("=raylet", "raylet"), ("=gcs_server", "gcs_server"), ("ray::", "ray_worker"),
                               ("default_worker.py", "ray_worker"), ("/ray/", "ray_other")))

@@ -53,7 +53,11 @@ _FEATURES = {
                          "tests/backends/test_spark_dataframe.py::"
                          "test_every_training_row_reaches_exactly_one_rank_once_per_epoch"),
 }
-_COMMON = dict(daemons=embedded_cluster_pids, process_kinds=(("pyspark", "pyspark_worker"),),
+_SSH_REFUSAL = ("across SSH machines its standalone master and workers would stay running after the cell, bound "
+                "to the machines' addresses, without the cluster's authentication secret; until they get a "
+                "per-cell secret and a tracked stop, run it on emulated hosts or on a Spark cluster of your own "
+                "(engines.spark.master=spark://...)")
+_COMMON = dict(daemons=embedded_cluster_pids, process_kinds=(("pyspark", "pyspark_worker"),), ssh_refusal=_SSH_REFUSAL,
                distributions=("pyspark",), programs=("java",), features=_FEATURES)
 _STANDING = dict(lifetime="standing", services=("pipelines.engines.spark_cluster:EMBEDDED_SERVICE",
                                                 f"{__name__}.standing:STANDING_SERVICE"))
