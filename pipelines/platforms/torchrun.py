@@ -207,9 +207,10 @@ def _first_failure(procs: Sequence[subprocess.Popen], poll_s: float) -> int | No
 
 
 def execute_on_hosts(cmds: Sequence[list[str]], env: Mapping[str, str], hosts: Sequence[Any],
-                     log_paths: Sequence[Path], poll_s: float = 0.1) -> None:
+                     log_paths: Sequence[Path], poll_s: float = 0.1, what: str = "torchrun") -> None:
     """Run ``cmds[k]`` on ``hosts[k]`` at once, tee each one's output to ``log_paths[k]``; when one
-    exits non-zero, stop the others and raise with its tail (as ``execute`` does for one)."""
+    exits non-zero, stop the others and raise with its tail (as ``execute`` does for one);
+    ``what``: the program, for the message."""
     if not len(cmds) == len(hosts) == len(log_paths):
         raise ValueError("execute_on_hosts: one command and one log per host")
     procs: list[subprocess.Popen] = []
@@ -229,6 +230,6 @@ def execute_on_hosts(cmds: Sequence[list[str]], env: Mapping[str, str], hosts: S
         for tee in tees:
             tee.join(10)
     if failed is not None:
-        raise RuntimeError(f"torchrun on {hosts[failed].name} (node {failed}) exited with "
+        raise RuntimeError(f"{what} on {hosts[failed].name} (node {failed}) exited with "
                            f"{procs[failed].returncode} (full log: {log_paths[failed]}); the other node(s) "
                            f"were stopped; last lines:\n{tees[failed].text()}")

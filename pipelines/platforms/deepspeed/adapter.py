@@ -148,7 +148,7 @@ class DeepSpeedBackend(TrainingBackend):
         self._hosts_by_cell()[spec.cell_dir] = len(hosts)
         self._warn_retries(spec)
         try:
-            torchrun.execute_on_hosts(cmds, env, hosts, logs)
+            torchrun.execute_on_hosts(cmds, env, hosts, logs, what="the deepspeed launcher")
         except RuntimeError as err:
             raise RuntimeError(str(err).replace("torchrun on", "deepspeed on", 1)) from None
         finally:

@@ -246,7 +246,7 @@ def drive_standing(spec: CellSpec, launch_time: float, hosts: Sequence[Any], add
     host_nproc(spec.world_size, len(hosts))
     argv = driver_argv(spec.cell_dir, launch_time, address, nodes)
     try:
-        execute_on_hosts([argv], {**process_env(), **joined}, hosts[:1], [spec.cell.log])
+        execute_on_hosts([argv], {**process_env(), **joined}, hosts[:1], [spec.cell.log], what="the Ray driver")
     except RuntimeError as err:
         raise RuntimeError(f"ray driver on {hosts[0].name}: {err}") from None
 

@@ -179,7 +179,8 @@ def launch(spec: CellSpec, launch_time: float, hosts: Sequence[Any], feed: str, 
                 master = start_daemons(hosts, spec.cell_dir / DAEMON_DIR, cores)
         cmd = driver_argv(spec.cell_dir, launch_time, master, feed)
         try:
-            execute_on_hosts([cmd], driver_env(os.environ, hosts[0]), hosts[:1], [spec.cell.log])
+            execute_on_hosts([cmd], driver_env(os.environ, hosts[0]), hosts[:1], [spec.cell.log],
+                             what="the Spark driver")
         except RuntimeError as err:
             raise RuntimeError(f"spark driver on {hosts[0].name}: {err}") from None
     finally:
