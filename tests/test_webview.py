@@ -100,6 +100,9 @@ def test_page_shows_latest_run_comparison_and_plots(runs_root):
     assert "abc123" in html
     # summary.json's scalars without its format version (the stray "version 1" row)
     assert "<th>status</th>" in html and "<th>version</th>" not in html
+    # what it takes to run each platform: the summary's table, with what evaluation measured here
+    assert "What it takes to run each platform" in html and "install mb" in html.lower()
+    assert "engines.spark.master" in html and "pyspark" in html
 
 
 def test_run_view_opens_with_the_reports_verdict(runs_root):
