@@ -122,18 +122,28 @@ def launch_env(config: BenchmarkConfig, base: Mapping[str, str], local_processes
 
 
 # A private network namespace with only loopback, up: unshare(1) makes it, sh brings lo up, then
-# execs the launcher (same PID), so everything the cell starts lives in it.
-_ISOLATE = ["unshare", "--net", "--", "/bin/sh", "-c", 'ip link set lo up && exec "$@"', "sh"]
+# execs the launcher (same PID), so everything the cell starts lives in it. Not root: inside a user
+# namespace of its own (``unshare -rn``: this user mapped to root there, nothing more outside).
+_LOOPBACK_UP = ["/bin/sh", "-c", 'ip link set lo up && exec "$@"', "sh"]
+_ISOLATE = ["unshare", "--net", "--", *_LOOPBACK_UP]
+_ISOLATE_USER = ["unshare", "--user", "--map-root-user", "--net", "--", *_LOOPBACK_UP]
 
 
 @functools.lru_cache(maxsize=1)
+def isolation_prefix() -> tuple[str, ...]:
+    """The command prefix that gives a cell a private network namespace here (root: ``unshare
+    --net``; any other user: with a user namespace), or () where neither works (a container whose
+    seccomp profile refuses unshare, user namespaces turned off). Tried once."""
+    if shutil.which("unshare") is None or shutil.which("ip") is None:
+        return ()
+    prefix = _ISOLATE if os.geteuid() == 0 else _ISOLATE_USER
+    probe = subprocess.run([*prefix, "true"], capture_output=True, check=False, timeout=30)
+    return tuple(prefix) if probe.returncode == 0 else ()
+
+
 def isolation_available() -> bool:
-    """Can a cell get a private network namespace here? Tried once (root in a container without
-    CAP_SYS_ADMIN cannot: the cell then runs as before, with a warning)."""
-    if os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("ip") is None:
-        return False
-    probe = subprocess.run([*_ISOLATE, "true"], capture_output=True, check=False, timeout=30)
-    return probe.returncode == 0
+    """Can a cell get a private network namespace here (as root or not)?"""
+    return bool(isolation_prefix())
 
 
 def isolated(cmd: list[str]) -> list[str]:
@@ -141,10 +151,10 @@ def isolated(cmd: list[str]) -> list[str]:
     one-node torchrun's rendezvous store listens on every interface, Determined's local mode on
     ``tcp://*:12360`` / ``12365``; in the namespace nothing outside the cell reaches them."""
     if not isolation_available():
-        log.warning("no private network namespace for the cell (needs root, unshare and ip): its "
-                    "rendezvous port is reachable on this host's interfaces")
+        log.warning("no private network namespace for the cell (unshare refused here, as root and in a user "
+                    "namespace): its rendezvous port is reachable on this host's interfaces")
         return list(cmd)
-    return [*_ISOLATE, *cmd]
+    return [*isolation_prefix(), *cmd]
 
 
 def execute(cmd: list[str], env: Mapping[str, str], log_path: Path, cwd: Path | None = None) -> None:

@@ -37,6 +37,51 @@ def test_a_standalone_torchrun_is_isolated_and_others_are_not():
         assert launch.isolated(cmd) == cmd
 
 
+# as another user: isolated() picks the user-namespace prefix; the command listens on every interface
+_AS_USER = """
+import socket, subprocess, sys
+from pipelines.platforms import torchrun
+# stdlib only: the system's Python (this machine's venv Python lives under /root, which a user
+# namespace's root cannot search)
+listener = ["/usr/bin/python3", "-c", "import socket, time; s = socket.socket(); s.bind(('0.0.0.0', 0)); s.listen(); "
+            "print(s.getsockname()[1], flush=True); time.sleep(60)"]
+cmd = torchrun.isolated(listener)
+print(" ".join(cmd[:5]), flush=True)
+proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+print(proc.stdout.readline().strip(), proc.pid, flush=True)
+proc.wait()
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/setpriv").exists() or not Path("/usr/bin/python3").exists(),
+                    reason="setpriv as root: runs as nobody; /usr/bin/python3 for the listener")
+def test_a_cell_started_by_a_user_who_is_not_root_is_isolated_too(tmp_path):
+    """Not root (the compose stack's Celery workers): a user namespace with its own network, as
+    ``unshare -rn`` does; a listener on every interface inside it is unreachable from the host."""
+    from pipelines.measure.listeners import listening
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HOME", "XDG"))}
+    proc = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c",
+                             _AS_USER], stdout=subprocess.PIPE, text=True, env={**env, "HOME": str(tmp_path)},
+                            cwd=PROJECT_ROOT)
+    try:
+        prefix = proc.stdout.readline().split()
+        assert prefix == ["unshare", "--user", "--map-root-user", "--net", "--"], prefix
+        port, pid = (int(x) for x in proc.stdout.readline().split())
+        listener = next(p for p in psutil.Process(pid).children(recursive=True) + [psutil.Process(pid)]
+                        if listening([p.pid]))
+        assert listening([listener.pid]) == {listener.pid: {f"0.0.0.0:{port}"}}  # every interface... of its own
+        assert os.readlink(f"/proc/{listener.pid}/ns/net") != os.readlink("/proc/self/ns/net")
+        for addr in {a.address for addrs in psutil.net_if_addrs().values() for a in addrs if a.family == socket.AF_INET}:
+            with pytest.raises(OSError):
+                socket.create_connection((addr, port), timeout=5).close()
+    finally:
+        for p in psutil.Process(proc.pid).children(recursive=True):
+            p.kill()
+        proc.kill()
+        proc.wait()
+
+
 def _rank_with_port(cell_dir: Path, deadline_s: float = 240.0) -> tuple[psutil.Process, int]:
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
