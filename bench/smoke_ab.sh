@@ -20,6 +20,7 @@ run_one() {  # <tree> -> seconds of the DAG run
   local tree="$1" home out
   home="$(mktemp -d /tmp/smoke-ab-home.XXXXXX)"
   out="$(cd "$tree" && AIRFLOW_HOME="$home" BENCHMARK_OUTPUT_ROOT="$home/runs" PYTHONPATH="$tree" \
+         SHARED_DATA="${SHARED_DATA:-$ROOT/../shared/data}" \
          SMOKE_SKIP_SETUP=1 bash scripts/smoke.sh 2>&1)" || { echo "$out" | tail -5 >&2; echo "failed"; return; }
   echo "$out" | grep -o "run_duration=[0-9.]*" | tail -1 | cut -d= -f2
   rm -rf "$home"
