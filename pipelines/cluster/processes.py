@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import functools
 import signal
 import socket
 import logging
@@ -40,10 +41,20 @@ log = logging.getLogger(__name__)
 _ECHO = threading.Lock()  # one whole line at a time on this process's stdout
 
 
-def _die_with_parent() -> None:  # preexec_fn: the kernel sends SIGTERM when the starting thread ends
+@functools.lru_cache(maxsize=1)
+def _prctl():
+    """libc's prctl, resolved in the parent: a preexec_fn must not import or dlopen in the child
+    (another thread of the parent may have held those locks at the fork)."""
     import ctypes
 
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    return ctypes.CDLL("libc.so.6", use_errno=True).prctl
+
+
+def _die_with_parent() -> None:  # preexec_fn: the kernel sends SIGTERM when the starting thread ends
+    _PRCTL_IN_CHILD(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+_PRCTL_IN_CHILD = _prctl()
 
 
 def start_session(argv: Sequence[str], *, die_with_parent: bool = False, **popen_kwargs) -> subprocess.Popen:
@@ -252,11 +263,13 @@ def run_to_end(cmd: list[str], env, log_path: Path, *, what: str, grace_s: float
                cwd: Path | None = None) -> None:
     """Run a launcher to completion, teeing its output to ``log_path`` (and stdout); raise with its
     tail when it exits non-zero. Interrupted (a signal's exception), it stops the launcher's tree
-    within ``grace_s``. ``what`` names it in the error."""
+    within ``grace_s``; killed outright, the launcher gets SIGTERM from the kernel (its stop of its
+    ranks). ``what`` names it in the error."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log.info("launching: %s", " ".join(cmd))
-    with subprocess.Popen(cmd, env=dict(env), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          stdin=subprocess.DEVNULL, text=True) as proc:
+    # PR_SET_PDEATHSIG: a SIGKILLed driver takes its launcher (and the launcher its ranks) down
+    with subprocess.Popen(cmd, env=dict(env), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,  # noqa: PLW1509
+                          stdin=subprocess.DEVNULL, text=True, preexec_fn=_die_with_parent) as proc:
         tee = Tee(proc, log_path)
         try:
             tee.run()

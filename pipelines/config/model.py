@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pipelines.config.profiles import PROFILES
 from pipelines.config.sections import (
     DEFAULT_NETWORK, IDENTITY_SECTIONS, NETWORK_LOCAL, NETWORK_SSH, SECTIONS, ClusterConfig, DataConfig,
-    EnginesConfig, MatrixConfig, TrackingConfig, TrainingConfig,
+    EnginesConfig, MatrixConfig, TrackingConfig, TrainingConfig, fault_problem,
 )
 from pipelines.config.strategy import TrainingStrategy
 
@@ -191,21 +191,9 @@ class BenchmarkConfig(BaseModel):
     @model_validator(mode="after")
     def _fault_fits_the_run(self) -> "BenchmarkConfig":
         """A fault that would inject nothing is refused, not run as a fault-free run."""
-        matrix = self.matrix
-        if matrix.fault == "none":
-            return self
-        if matrix.fault_epoch > self.training.epochs:
-            raise ValueError(f"matrix.fault_epoch (flat name: fault_epoch): {matrix.fault_epoch} is after the last "
-                             f"epoch (training.epochs={self.training.epochs}): it must be from 1 to {self.training.epochs}")
-        # a host is lost through its cgroups (pipelines.measure.faults): emulated hosts only
-        if self.cluster.kind != "emulated" or self.cluster.hosts < 2:
-            raise ValueError(f"matrix.fault (flat name: fault): {matrix.fault} needs an emulated cluster of at least 2 "
-                             f"hosts (cluster.kind=emulated, cluster.hosts >= 2); this run has cluster.kind="
-                             f"{self.cluster.kind}" + (f" with {self.cluster.hosts} host(s)"
-                                                       if self.cluster.kind == "emulated" else ""))
-        if max(matrix.worker_counts) < 2:
-            raise ValueError(f"matrix.fault (flat name: fault): {matrix.fault} needs cells of at least 2 workers "
-                             f"(one per host); matrix.worker_counts={matrix.worker_counts}")
+        problem = fault_problem(self.matrix, self.training.epochs, self.cluster)
+        if problem:
+            raise ValueError(problem)
         return self
 
     @model_validator(mode="before")

