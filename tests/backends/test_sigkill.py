@@ -48,7 +48,7 @@ SIGKILL_MARKS = {
         "DeepSpeed's runner (deepspeed.launcher.runner) gets SIGTERM from the kernel (run_to_end's "
         "PR_SET_PDEATHSIG) and dies without passing it on: its child deepspeed.launcher.launch and the 2 ranks "
         "keep training. Measured: the runner gone in 0.2 s, the other 3 still running 30 s later"))),  # 83-95 s
-    "spark": (),  # 56-58 s: all 5-6 processes gone within 1.4 s (pyspark's torch_run_process_wrapper, py4j's pipe)
+    "spark": (HEAVY,),  # 56-58 s (heavy: CI under 45 minutes): all 5-6 processes gone within 1.4 s (pyspark's torch_run_process_wrapper, py4j's pipe)
     "spark_per_job": (HEAVY,),  # 167-180 s: 16-17 processes gone within 3.5 s (PDEATHSIG on the cell's own cluster)
     "spark_dataframe": (HEAVY,),  # 148-310 s: 16-19 processes gone within 3.4 s (PDEATHSIG on the run's cluster)
     "spark_dataframe_per_job": (HEAVY,),  # 144-182 s: 18 processes gone within 3.1 s
