@@ -98,8 +98,17 @@ class MatrixConfig(Section):
     # middle of epoch fault_epoch of its first attempt; the platform gets recovery_deadline_s to
     # recover by its own means (platform_retries: torchrun --max-restarts, Ray FailureConfig
     # max_failures, Spark spark.task.maxFailures - 1), then the project's retry may
-    fault: Literal["none", "host_loss"] = "none"
+    fault: Literal["none", "host_loss", "host_return", "slow_host", "slow_link"] = "none"
     fault_epoch: int = Field(1, ge=1)
+    # which host is lost: "worker" (the last host: not the rendezvous / head / master) or
+    # "coordinator" (hosts[0]: torchrun's c10d store, Ray's head, Spark's master, the driver)
+    fault_victim: Literal["worker", "coordinator"] = "worker"
+    # host_return: the lost host's platform agent is started again this long after the loss
+    # (as an operator's supervisor would: torchrun agent, Ray node, Spark worker)
+    return_after_s: float = Field(20.0, ge=0, le=3600)
+    # stragglers (pipelines.measure.stragglers): slow_host cuts the last host's CPU quota to this
+    # fraction of its share; slow_link cuts its link to this fraction of the cell's network
+    slow_fraction: float = Field(0.25, gt=0, lt=1)
     recovery_deadline_s: float = Field(120.0, gt=0, le=3600)
     platform_retries: int = Field(0, ge=0, le=10)
     # the networks each cell runs on (emulated cluster): "unshaped", "10gbit", "1gbit", "100mbit",

@@ -77,9 +77,9 @@ def check(config: BenchmarkConfig, cells: list[tuple[str, str, int]] | None = No
 
 def _cluster_problems(config: BenchmarkConfig) -> list[str]:
     """The cluster the run asks for: can it be built here, can it place every worker count."""
-    if config.matrix.fault == "host_loss" and config.cluster.kind != "emulated":
-        return ["matrix.fault=host_loss kills a host's processes through its cgroups: it needs an emulated cluster "
-                "(cluster.kind=emulated, e.g. the cluster profile)"]
+    if config.matrix.fault != "none" and config.cluster.kind != "emulated":
+        return [f"matrix.fault={config.matrix.fault} acts on a host through its cgroups and its link: it needs an "
+                "emulated cluster (cluster.kind=emulated, e.g. the cluster profile)"]
     if config.cluster.kind == "local":
         return []
     from pipelines.cluster import why_unavailable
