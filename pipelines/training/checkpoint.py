@@ -8,6 +8,12 @@ loads before anything resumes from it: a checkpoint that fails either is moved a
 with none left the cell starts over, saying so. Everything stored is tensors or plain Python
 types, so reading back works with ``torch.load(..., weights_only=True)`` and no pickled code is
 ever executed.
+
+Resuming at another world size (an elastic launcher that lost or regained a node, or a retry on
+fewer hosts) is allowed: the model and optimizer state are whole on every rank, the scheduler is
+placed at the same fraction of training (``place_scheduler``: the step count at the new steps per
+epoch), ranks that did not exist when the checkpoint was written are seeded (``rank_rng``), and
+rank 0 notes each start's world size in ``<cell>/world_sizes.json`` (``note_world_size``).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipelines.runfolder.fileio import atomic_write, atomic_write_text
+from pipelines.runfolder.fileio import atomic_write, atomic_write_json, atomic_write_text
 
 log = logging.getLogger(__name__)
 PATTERN = "epoch-*.pt"
@@ -112,3 +118,55 @@ def set_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
+
+
+# --- resuming at another world size ---------------------------------------------------------
+WORLD_SIZES = "world_sizes.json"
+
+
+def place_scheduler(scheduler, step: int) -> list[float]:
+    """Put a per-step ``LambdaLR`` (the loop's warm-up + linear decay) at ``step`` and set its
+    optimizer's learning rates to match -> the new rates. A checkpoint holds the step count at the
+    world size that wrote it; at another world size an epoch has another number of steps, so the
+    same point of training is ``epochs_done * steps_per_epoch`` at the new size."""
+    lambdas = getattr(scheduler, "lr_lambdas", None)
+    if lambdas is None:
+        raise TypeError(f"cannot resume {type(scheduler).__name__} at another world size: only a LambdaLR "
+                        "schedule (the loop's warm-up + linear decay) can be moved to another step count")
+    scheduler.last_epoch = int(step)
+    rates = [base * fn(int(step)) for base, fn in zip(scheduler.base_lrs, lambdas)]
+    for group, rate in zip(scheduler.optimizer.param_groups, rates):
+        group["lr"] = rate
+    scheduler._last_lr = list(rates)  # what get_last_lr() reports (torch keeps it here)
+    return rates
+
+
+def rank_rng(states: list, rank: int, seed: int) -> None:
+    """Restore ``rank``'s RNG streams from a checkpoint's per-rank ``states``; a rank that did not
+    exist then (the world grew) gets streams seeded from ``seed`` + rank, reproducible."""
+    if rank < len(states):
+        set_rng_state(states[rank])
+        return
+    torch.manual_seed(seed + rank)
+    random.seed(seed + rank)
+    np.random.seed((seed + rank) % 2**32)
+
+
+def note_world_size(cell_dir: Path, epoch: int, world_size: int, first_step_at: float) -> list[dict]:
+    """Rank 0, at the first step of each start of the workers: training runs from ``epoch``
+    (0-based, epochs done) at ``world_size``. A start from scratch begins a new list."""
+    entry = {"epoch": int(epoch), "world_size": int(world_size), "first_step_at": float(first_step_at)}
+    entries = world_sizes(cell_dir) if epoch > 0 else []
+    entries.append(entry)
+    atomic_write_json(Path(cell_dir) / WORLD_SIZES, entries)
+    return entries
+
+
+def world_sizes(cell_dir: Path) -> list[dict]:
+    """Every start's ``{"epoch", "world_size", "first_step_at"}`` noted in the cell, oldest first."""
+    import json
+
+    try:
+        return list(json.loads((Path(cell_dir) / WORLD_SIZES).read_text()))
+    except (FileNotFoundError, ValueError):
+        return []

@@ -91,15 +91,30 @@ def run_training(spec: CellSpec, launch_time: float, distributed: TorchDistribut
 
 def _resume_state(spec: CellSpec, env: DistEnv) -> tuple[dict | None, str | None]:
     """The newest good checkpoint of the cell (checksum and load verified; damaged ones are
-    moved aside by rank 0), checked against this cell's config and world size."""
+    moved aside by rank 0), checked against this cell's training config. Its world size may
+    differ from this one (an elastic launcher lost or regained a node): ``_resume_at``."""
     last, state = ckpt.latest_good_checkpoint(spec.cell.checkpoints, move_aside=env.is_main)
     if last is None:
         return None, None
     written_by = BenchmarkConfig.model_validate_json(state["config"]).training_identity()
-    if written_by != spec.config.training_identity() or state["world_size"] != env.world_size:
-        raise RuntimeError(f"{last} was written by a different training config or world size; "
+    if written_by != spec.config.training_identity():
+        raise RuntimeError(f"{last} was written by a different training config; "
                            f"delete {spec.cell.checkpoints} to start this cell over")
     return state, str(last)
+
+
+def _resume_at(run: "_Run", state: dict, steps_per_epoch: int) -> None:
+    """After the engine loaded the optimizer and scheduler state: this rank's RNG streams, and at
+    another world size than the checkpoint's the scheduler at the same fraction of training."""
+    env, seed = run.env, run.spec.config.training.seed
+    ckpt.rank_rng(state["rng"], env.rank, seed)
+    if state["world_size"] != env.world_size:
+        step = run.record.epochs_done * steps_per_epoch
+        rates = ckpt.place_scheduler(run.scheduler, step)
+        if env.is_main:
+            log.warning("resuming at world size %d from a checkpoint written at %d: scheduler at step %d "
+                        "(%d per epoch), learning rate %.2e", env.world_size, state["world_size"], step,
+                        steps_per_epoch, rates[0])
 
 
 @dataclass
@@ -160,14 +175,15 @@ def _prepare(process: RankProcess, distributed: TorchDistributed) -> _Run:
     record = process.start_record(state and state["record"], samples_per_epoch)
     wrapped = runtime.wrap(model, steps_done=record.epochs_done * steps_per_epoch)
     wrapped = engine.attach(model, wrapped, optimizer, scheduler, runtime)
+    run = _Run(process, distributed, runtime, engine, loader, held_out, eval_batches, model, wrapped,
+               scheduler, record, checkpoint_path, model_source, len(train_set), test_set)
     if state is not None:
         engine.load_state(state)  # optimizer and scheduler
-        ckpt.set_rng_state(state["rng"][env.rank])
+        _resume_at(run, state, steps_per_epoch)
         if env.is_main:
             log.info("resuming from %s at epoch %d", checkpoint_path, int(state["epoch"]) + 1)
     wrapped.train()
-    return _Run(process, distributed, runtime, engine, loader, held_out, eval_batches, model, wrapped,
-                scheduler, record, checkpoint_path, model_source, len(train_set), test_set)
+    return run
 
 
 class _Progress:
@@ -182,6 +198,8 @@ class _Progress:
         """After step ``i`` (0-based) of ``epoch``."""
         self.done += 1
         run = self.run
+        if self.done == 1 and run.env.is_main:  # this start's world size, and when it trained again
+            ckpt.note_world_size(run.spec.cell_dir, run.record.epochs_done, run.env.world_size, time.time())
         run.process.beat(epoch + 1, i + 1, self.steps_per_epoch)  # rank 0: where training is
         if run.env.is_main and (i + 1) % max(1, self.steps_per_epoch // 4) == 0:
             rate = (time.time() - run.record.first_step) / self.done
