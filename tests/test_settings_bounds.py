@@ -93,7 +93,7 @@ def test_the_cli_refuses_before_anything_starts_and_touches_no_other_run(tmp_pat
 
 
 def test_a_cgroup_v2_only_machine_is_refused_in_preflight_with_the_reason(tmp_path, monkeypatch, make_config):
-    """The emulated hosts need cgroup v1 cpuset, memory and cpuacct: on a unified-hierarchy machine
+    """The emulated hosts need cgroup v1 cpuset, memory, cpuacct and cpu: on a unified-hierarchy machine
     preflight says so before any host is built (the keeper crashed on it before)."""
     from pipelines.cluster import emulated
     from pipelines.run import preflight
@@ -106,9 +106,9 @@ def test_a_cgroup_v2_only_machine_is_refused_in_preflight_with_the_reason(tmp_pa
     monkeypatch.setattr(emulated, "CGROUP_ROOT", root)
     monkeypatch.setattr(emulated, "PROC_CGROUP", own)
     monkeypatch.setattr(emulated.os, "geteuid", lambda: 0)  # checked after root (not root says that first)
-    assert emulated.missing_cgroup_controllers() == ["cpuset", "memory", "cpuacct"]
+    assert emulated.missing_cgroup_controllers() == ["cpuset", "memory", "cpuacct", "cpu"]
     problems = preflight.problems(make_config(**{"cluster.kind": "emulated", "networks": ["1gbit"]}))
-    assert any("cgroup v1 controllers cpuset, memory, cpuacct" in p and "cgroup v2 only" in p for p in problems), problems
+    assert any("cgroup v1 controllers cpuset, memory, cpuacct, cpu" in p and "cgroup v2 only" in p for p in problems), problems
     # this machine (cgroup v1): nothing missing
     monkeypatch.undo()
     assert emulated.missing_cgroup_controllers() == []

@@ -1,31 +1,27 @@
 """An emulated cluster on one machine: N "hosts" as network namespaces, shaped links, cgroups.
 
-Why: every benchmark cell ran on one host over loopback, where the network costs nothing. Here
-each host is a Linux network namespace ``bmc<pid>-<name>-h<k>`` with its own address on a
-private /24 (10.213.0.0/24, ``.1`` + k; every cluster has its own isolated switch, so clusters may
-reuse it), a cpuset cgroup (one core) and a memory cgroup (optional limit). The hosts' ``eth0``
-veths meet on a Linux bridge that lives in a dedicated switch namespace ``bmc<pid>-<name>-sw``:
-the root namespace gets no cluster address, no cluster link and no route, so it cannot reach the
-hosts and the hosts cannot reach anything beyond each other (this workplace's network policy).
+Why: every benchmark cell ran on one host over loopback, where the network costs nothing. Here each
+host is a Linux network namespace ``bmc<pid>-<name>-h<k>`` with its own address on a private /24
+(10.213.0.0/24, ``.1`` + k; every cluster has its own isolated switch, so clusters may reuse it), a
+cpuset cgroup (one core) and a memory cgroup (optional limit). The hosts' ``eth0`` veths meet on a
+Linux bridge that lives in a dedicated switch namespace ``bmc<pid>-<name>-sw``: the root namespace
+gets no cluster address, no cluster link and no route, so it cannot reach the hosts and the hosts
+cannot reach anything beyond each other (this workplace's network policy).
 
-Shaping is ``tc tbf`` on both ends of every host link (host egress on ``eth0``, host ingress on
-the switch-side port's egress): ``burst`` = max(64 KiB, 1 ms at the rate) so a whole GSO/TSO
-super-packet (at most 64 KiB) fits in the bucket and fast rates are not capped by timer
-granularity; ``latency 50ms`` bounds the queue to about rate x 50 ms, so TCP sees drops instead
-of an unbounded buffer. This kernel has no ``netem``: bandwidth can be limited, delay can not.
-
-Why not Mininet: it needs Open vSwitch (or its reference controller) and its ``mnexec`` helper
-built from source; the PyPI ``mininet`` is a 2020 2.3.0.dev6 without those. Driving ``ip``/``tc``
-directly needs only iproute2 (scripts/system_deps.sh) and is a few dozen commands.
+Shaping is ``tc tbf`` on both ends of every host link (host egress on ``eth0``, host ingress on the
+switch-side port's egress): ``burst`` = max(64 KiB, 1 ms at the rate) so a whole GSO/TSO
+super-packet (at most 64 KiB) fits in the bucket and fast rates are not capped by timer granularity;
+``latency 50ms`` bounds the queue to about rate x 50 ms, so TCP sees drops instead of an unbounded
+buffer. This kernel has no ``netem``: bandwidth can be limited, delay can not. Why not Mininet: it
+needs Open vSwitch and its ``mnexec`` built from source; ``ip``/``tc`` need only iproute2.
 
 Ownership: names carry the owner's PID and its start time (``bmc<pid>s<start>-``, the start in clock
-ticks after boot, /proc/<pid>/stat field 22), so :func:`sweep` (run by every ``start()``) removes what
-a dead (e.g. SIGKILLed) owner left behind and never touches a live owner's cluster, also when the
-owner's PID was reused by another process since (by hand:
-``python -c "from pipelines.cluster import sweep; print(sweep())"``). It only ever looks at names
-of that form. Cgroups are made
-under the owner's own cgroup of each controller, so a host's processes stay inside whatever
-accounting and limits the owner already lives under.
+ticks after boot, /proc/<pid>/stat field 22), so :func:`sweep` (run by every ``start()``) removes
+what a dead (e.g. SIGKILLed) owner left behind and never touches a live owner's cluster, also when
+the owner's PID was reused by another process since (by hand:
+``python -c "from pipelines.cluster import sweep; print(sweep())"``). It only ever looks at names of
+that form. Cgroups are made under the owner's own cgroup of each controller, so a host's processes
+stay inside whatever accounting and limits the owner already lives under.
 """
 
 from __future__ import annotations
@@ -40,12 +36,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
 
-
 from pipelines.cluster.processes import stop_tree
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PROC_CGROUP = Path("/proc/self/cgroup")  # this process's cgroups, one line per hierarchy
-CONTROLLERS = ("cpuset", "memory", "cpuacct")  # cpuacct: a host's CPU time (pipelines.measure.resources)
+CONTROLLERS = ("cpuset", "memory", "cpuacct", "cpu")  # cpuacct: a host's CPU time (pipelines.measure.resources)
+# cpu: its CFS quota (EmulatedHost.limit_cpu, a straggler); mounted as "cpu,cpuacct" the two are one directory
 SUBNET = "10.213.0"  # /24; only ever configured inside this code's own namespaces
 OWNER_PATTERN = r"^bmc(\d+)s(\d+)-"  # the owner's PID and its start (clock ticks after boot)
 _NAME = re.compile(r"^[a-z0-9_]{1,16}$")
@@ -276,6 +272,23 @@ class EmulatedHost:
         kill_pids(pids, grace_s)
         return pids
 
+    def limit_cpu(self, fraction: float | None) -> int:
+        """This host at ``fraction`` of its cores (CFS quota = fraction x period x cores; None: no limit)."""
+        cpu, cores = self.cgroups[CONTROLLERS.index("cpu")], parse_cpu_list((self.cgroups[0] / "cpuset.cpus").read_text())
+        period = 100_000 if fraction is None else 10_000  # 10 ms: throttled evenly, not in 75 ms gaps
+        quota = -1 if fraction is None else max(1000, round(fraction * period * max(1, len(cores))))  # floor: 1 ms
+        for name, value in (("quota", -1), ("period", period), ("quota", quota)):  # the period: while unlimited
+            (cpu / f"cpu.cfs_{name}_us").write_text(str(value))
+        return quota
+
+    def shape_link(self, network: str | NetworkSpec) -> NetworkSpec:
+        """This host's link alone (both ends) at ``network``; "unshaped" removes the shaping."""
+        spec = NetworkSpec.parse(network)
+        for ns, dev in ((self.netns, "eth0"), (self._cluster.switch_netns, f"p{self.index}")):
+            _cmd(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf", *spec.tbf_args()] if spec.tbf_args()
+                 else ["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"], check=bool(spec.tbf_args()))
+        return spec
+
     def link_bytes(self) -> tuple[int, int]:
         """(tx_bytes, rx_bytes) of this host's eth0, from the kernel's interface counters."""
         out = _cmd(["ip", "-n", self.netns, "-s", "-j", "link", "show", "eth0"]).stdout
@@ -360,8 +373,8 @@ class EmulatedCluster:
             _cmd(["tc", "-n", sw, "qdisc", "replace", "dev", port, "root", "tbf", *tbf])
 
     def _make_cgroups(self, host: EmulatedHost, mem_node: int) -> None:
-        cpuset, memory, _ = host.cgroups
-        for path in host.cgroups:
+        cpuset, memory, *_ = host.cgroups
+        for path in dict.fromkeys(p.resolve() for p in host.cgroups):  # "cpu,cpuacct" mounted together: one
             path.mkdir()
         (cpuset / "cpuset.cpus").write_text(str(host.core))
         (cpuset / "cpuset.mems").write_text(str(mem_node))

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import ClassVar, Protocol
 
-from pipelines.measure import attempts, counters, faults, resources, tensorboard
+from pipelines.measure import attempts, counters, faults, resources, stragglers, tensorboard
 from pipelines.training.cell import CellSpec, platform_modules
 from pipelines.config import BenchmarkConfig, TrainingStrategy
 from pipelines.data.manifest import read_manifest, task_labels
@@ -191,7 +191,8 @@ class TrainingBackend(ABC):
                 with resources.sample(cell, hosts, self.daemons(paths)) as sampler:
                     if hosts:
                         with link_counters(hosts, cell.link_bytes), \
-                                faults.inject(config, cell, hosts, attempt.attempt, self.name):
+                                faults.inject(config, cell, hosts, attempt.attempt, self.name), \
+                                stragglers.inject(config, cell, hosts, self.name):  # slow_host, slow_link
                             self.launch_on_hosts(spec, launch_time, hosts)
                     else:
                         self.launch(spec, launch_time)
@@ -216,7 +217,7 @@ class TrainingBackend(ABC):
             "timed_window": TimedWindow(start=launch_time, end=history[-1].end, lock_wait_seconds=waited),
             "versions": {**result.versions, **self.versions()}, "data_feed": self.data_feed,
             **self.platform_fields(spec), **_host_records(cell, result), "resources": sampler.usage(),
-            "fault": faults.record(cell, history, result.resumed_from_epoch),
+            "fault": faults.record(cell, history, result.resumed_from_epoch), "straggler": stragglers.record(cell),
         })
         result.write(cell.result)
         tensorboard.write_events(result, cell)  # after the timed window: costs no cell any time

@@ -142,6 +142,32 @@ class ResourceUsage(BaseModel):
     notes: list[str] = Field(default_factory=list)  # what was not measured, and why
 
 
+class RankSteps(BaseModel):
+    """One rank's optimizer steps in the cell's last attempt (``TrainingRecord.rank_steps``): who
+    computed slowly and who waited. A step is the wall time from having its batch to asking for the
+    next (forward, backward, gradient all-reduce, optimizer step); per step, compute + communication
+    is about the step time (compute = the rest of the train phase, as in ``phases``)."""
+
+    rank: int
+    host: str | None = None  # the launch host (BENCHMARK_HOST) or the machine's name
+    steps: int = 0
+    step_mean_s: float = 0.0
+    step_p50_s: float = 0.0
+    step_p95_s: float = 0.0
+    step_max_s: float = 0.0
+    compute_s: float = 0.0  # this rank's compute in the train phase (train - data - communication)
+    communication_s: float = 0.0  # gradient / parameter collectives in flight (CommTimer) + metrics' all-reduce
+    data_s: float = 0.0  # waiting for the next batch
+
+    @property
+    def compute_per_step_s(self) -> float:
+        return self.compute_s / self.steps if self.steps else 0.0
+
+    @property
+    def communication_per_step_s(self) -> float:
+        return self.communication_s / self.steps if self.steps else 0.0
+
+
 class CellResult(BaseModel):
     """One training cell = (backend, strategy, world size, repeat)."""
 
@@ -221,6 +247,10 @@ class CellResult(BaseModel):
     link_bytes_per_train_step: float | None = None
     # matrix.fault (pipelines.measure.faults.record): the host lost, where, who recovered and at what cost
     fault: dict | None = None
+    # matrix.fault slow_host / slow_link (pipelines.measure.stragglers.record): which host, how slow
+    straggler: dict | None = None
+    # every rank's step times and where its train phase went, gathered by rank 0 (last attempt)
+    rank_steps: list[RankSteps] = Field(default_factory=list)
     # how the training rows reached the ranks (TrainingBackend.data_feed): "files" (each rank reads
     # the token shards) or "dataframe" (spark_dataframe: the DataFrame's partitions, through Spark)
     data_feed: str | None = None

@@ -26,17 +26,19 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from collections.abc import Callable
 
 import torch
+import torch.distributed
 from torch.utils.data import TensorDataset
 
 from pipelines.measure import attempts
 from pipelines.measure.resources import write_rank_pid
-from pipelines.runfolder.results import CellResult
+from pipelines.runfolder.results import CellResult, RankSteps
 from pipelines.training.cell import CellSpec
-from pipelines.training.distributed import DistEnv
+from pipelines.training.distributed import HOST_ENV, DistEnv
 from pipelines.training.outcome import timed_export, worker_devices, worker_result, write_worker_result
 from pipelines.training.record import TrainingRecord
 from pipelines.training.steps import final_test
@@ -85,6 +87,7 @@ class RankProcess:
         """Every rank (the devices are gathered); rank 0: the final test of ``model``, its export
         and ``worker_result.json``, which it returns."""
         devices, placements = worker_devices(self.env)
+        rank_steps = gather_rank_steps(self.env, self.record)  # a collective: every rank
         if not self.env.is_main:
             return None
         spec, env = self.spec, self.env
@@ -97,5 +100,17 @@ class RankProcess:
             checkpoint_path=checkpoint_path, model_path=model_path, devices=devices, placements=placements,
             export_seconds=export_seconds, comm_bytes_per_step=comm_bytes_per_step,
             steps_per_epoch=steps_per_epoch, link_bytes_per_train_step=link_bytes_per_train_step)
+        result = result.model_copy(update={"rank_steps": rank_steps})
         write_worker_result(result, spec)
         return result
+
+
+def gather_rank_steps(env: DistEnv, record: TrainingRecord | None) -> list[RankSteps]:
+    """Every rank's step times and train-phase split (``TrainingRecord.rank_steps``), gathered to
+    every rank (one small object per rank, like the devices): rank 0's result carries them all."""
+    host = os.environ.get(HOST_ENV) or socket.gethostname()
+    mine = record.rank_steps(env.rank, host).model_dump() if record is not None else None
+    every = [mine] * env.world_size
+    if env.world_size > 1:
+        torch.distributed.all_gather_object(every, mine)
+    return [RankSteps.model_validate(r) for r in every if r is not None]

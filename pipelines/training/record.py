@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from pipelines.runfolder.results import EpochMetrics
+from pipelines.runfolder.results import EpochMetrics, RankSteps
 
 PHASES = ("train", "eval", "checkpoint")
 TRAIN_PARTS = ("data", "communication")  # measured inside the train phase; compute = the rest
@@ -56,6 +56,7 @@ class TrainingRecord:
         self._epoch = dict.fromkeys(PHASES, 0.0)  # phases of the epoch in progress
         self._open: dict[str, float] = {}
         self.first_step: float | None = None  # wall clock of this attempt's first step
+        self.step_seconds: list[float] = []  # this attempt's steps: batch in hand -> next batch asked for
 
     # --- phases -----------------------------------------------------------------------------
     def training_started(self) -> None:
@@ -99,8 +100,10 @@ class TrainingRecord:
             except StopIteration:
                 self.totals["data"] += self._clock() - start
                 return
-            self.totals["data"] += self._clock() - start
+            got = self._clock()
+            self.totals["data"] += got - start
             yield batch
+            self.step_seconds.append(self._clock() - got)  # the consumer's step on this batch
 
     @contextmanager
     def communicating(self) -> Iterator[None]:
@@ -165,6 +168,19 @@ class TrainingRecord:
             "checkpoint_seconds": self.totals["checkpoint"],
             "samples_per_second": self.history[-1].samples_per_second if self.history else 0.0,
         }
+
+    def rank_steps(self, rank: int, host: str | None) -> RankSteps:
+        """This rank's step times and train-phase split over this attempt (``CellResult.rank_steps``)."""
+        own = {p: self.totals[p] - self._attempt_base[p] for p in self.totals}
+        steps = sorted(self.step_seconds)
+
+        def quantile(q: float) -> float:  # nearest rank
+            return steps[min(len(steps) - 1, max(0, round(q * len(steps)) - 1))] if steps else 0.0
+
+        return RankSteps(rank=rank, host=host, steps=len(steps), step_mean_s=sum(steps) / len(steps) if steps else 0.0,
+                         step_p50_s=quantile(0.5), step_p95_s=quantile(0.95), step_max_s=steps[-1] if steps else 0.0,
+                         compute_s=max(0.0, own["train"] - own["data"] - own["communication"]),
+                         communication_s=own["communication"], data_s=own["data"])
 
     def cell_phases(self, launch_time: float, *, final_test_seconds: float = 0.0,
                     export_seconds: float = 0.0) -> dict[str, float]:
