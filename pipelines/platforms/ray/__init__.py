@@ -7,7 +7,7 @@ or on a cluster built on the run's hosts (``hosts.py``); ``worker.py`` is the tr
 import json
 import re
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from pipelines.platforms.fields import deployment
 from pipelines.platforms import Platform, register
@@ -22,6 +22,14 @@ class RaySettings(BaseModel):
     # "auto" (the cluster this host belongs to), "ray://host:10001" (Ray Client) or "host:6379"
     # (the head's GCS address): join that cluster, which is left running
     address: str | None = deployment(None, env="BENCHMARK_RAY_ADDRESS", flat="ray_address")
+    # Ray Train V2's elastic worker group: a cell of N workers runs ScalingConfig(num_workers=(this, N)),
+    # so after losing a node Ray restarts the group with the workers that still fit (at least this
+    # many) from the last reported checkpoint, and grows it back when the node returns. None: a
+    # fixed size (num_workers=N), a lost node fails the attempt. Needs matrix.platform_retries >= 1
+    # (FailureConfig(max_failures): each shrink is a failure Ray recovers from)
+    elastic_min_workers: int | None = Field(None, ge=1)
+    # how often a healthy elastic group checks the cluster for room to grow (Ray's default: 60 s)
+    elastic_resize_interval_s: float = Field(5.0, ge=0.5, le=3600)
 
     @field_validator("address")
     @classmethod
@@ -39,6 +47,10 @@ _FEATURES = {
                   "tests/cluster/test_ray_across_hosts.py::test_a_ray_cell_across_two_emulated_hosts"),
     "fault tolerance": ("a new run restores the latest checkpoint reported to Ray Train (its run snapshot)",
                         "tests/backends/test_ray.py::test_ray_cell_killed_after_epoch_1_resumes_from_rays_checkpoint"),
+    "elastic training": ("engines.ray.elastic_min_workers: a lost worker node, the group restarts smaller from "
+                         "the last checkpoint in the same attempt",
+                         "tests/cluster/test_ray_elastic.py::"
+                         "test_ray_loses_a_worker_node_and_goes_on_with_one_worker_by_itself"),
 }
 _SSH_REFUSAL = ("across SSH machines its head and nodes would need the cluster's token on every machine (it is "
                 "written to this machine's /tmp only) and a tracked stop; until then run it on emulated hosts or "

@@ -20,7 +20,11 @@ threads_per_worker})``; ``RunConfig(storage_path=<cell>/ray, name=<cell name>)``
 folder, and a retried cell reuses the run name, so Ray restores the run's latest checkpoint as
 well as the loop resuming from ``<cell>/checkpoints``. ``FailureConfig(max_failures=matrix.platform_retries)`` (default 0): a
 failure ends the attempt, and the retry is the project's (Airflow / ``TrainingBackend.run``),
-like torchrun's ``--max-restarts 0``. Workers get the project's import path and the
+like torchrun's ``--max-restarts 0``. ``engines.ray.elastic_min_workers=M`` (Ray Train V2):
+``ScalingConfig(num_workers=(M, N))``, so a lost worker node makes Ray restart the group with the
+workers that still fit, from the last reported checkpoint, within the same attempt (the loop
+resumes at the smaller world size), and grow it back every ``elastic_resize_interval_s`` once
+there is room; the nodes then mark a dead node quickly (``trainer.FAST_NODE_DEATH``). Workers get the project's import path and the
 ``PIPELINES_*`` / Hugging Face settings through ``worker_runtime_env``.
 
     python -m pipelines train --backend ray --workers 2 --profile smoke
@@ -39,7 +43,8 @@ import time
 from pipelines.measure import signals
 from pipelines.platforms.contract import provisioning
 from pipelines.platforms.ray import standing
-from pipelines.platforms.ray.trainer import cluster_processes, fit, local_cluster_options, torch_trainer, worker_env_vars
+from pipelines.platforms.ray.trainer import (cluster_processes, driver_env, elastic_refusal, fit,
+                                             local_cluster_options, torch_trainer, worker_env_vars)
 from pipelines.platforms.contract import TrainingBackend
 from pipelines.training.cell import CellSpec
 from pipelines.config import BenchmarkConfig
@@ -64,6 +69,10 @@ class RayBackend(TrainingBackend):
         return super().run(config, world_size, paths=paths, cell=cell, repeat=repeat, strategy=strategy,
                            hosts=hosts)
 
+    def preflight(self, config: BenchmarkConfig, cells: list[tuple[str, int]]) -> list[str]:
+        refusal = elastic_refusal(config, [workers for _, workers in cells])
+        return [*([f"{self.name}: {refusal}"] if refusal else []), *super().preflight(config, cells)]
+
     def launch(self, spec: CellSpec, launch_time: float) -> None:
         import ray
 
@@ -76,6 +85,8 @@ class RayBackend(TrainingBackend):
         handlers = signals.RaiseOnceHandlers("Ray's cluster shut down")
         stack = ExitStack()
         try:  # a half-started cluster is shut down too
+            if driver_env(cfg):  # Ray Train hands the driver's to its controller
+                stack.enter_context(_environ(driver_env(cfg)))
             if own:
                 options = local_cluster_options(spec.world_size, cfg.training.threads_per_worker)
                 log.info("ray: starting the cell's own local cluster (%s)", options)

@@ -160,7 +160,7 @@ class RayOnHosts:
         with os.fdopen(os.open(self.token, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
             f.write(secrets.token_hex(32))  # as `ray get-auth-token --generate`
         port = free_port_on(self.hosts[0])
-        env = {**self.env, **NO_DRAIN}
+        env = {**self.env, **NO_DRAIN, **trainer.node_env(self.spec.config)}
         head = _start(self.hosts[0], node_argv(self.hosts, 0, port, self.cpus), env,
                       self.folder / f"{self.hosts[0].name}.log", f"{self.hosts[0].name} ray", READY)
         self.nodes.append(head)
@@ -171,8 +171,8 @@ class RayOnHosts:
                                    f"{timeout_s:.0f}s (exit code {head.proc.poll()}); last lines:\n"
                                    f"{head.text()}")
         for k, host in enumerate(self.hosts[1:], start=1):
-            self.nodes.append(_start(host, node_argv(self.hosts, k, port, self.cpus), env,
-                                     self.folder / f"{host.name}.log", f"{host.name} ray", READY))
+            argv = node_argv(self.hosts, k, port, self.cpus)
+            self.nodes.append(_start(host, argv, env, self.folder / f"{host.name}.log", f"{host.name} ray", READY))
         return f"{self.hosts[0].address}:{port}"
 
     def drive(self, launch_time: float, address: str, poll_s: float = 0.2) -> None:
@@ -180,10 +180,17 @@ class RayOnHosts:
         node's when one exits first."""
         argv = driver_argv(self.spec.cell_dir, launch_time, address, len(self.hosts))
         head = self.hosts[0]
+        elastic = self.spec.config.engine("ray").elastic_min_workers is not None
         self.driver = _start(head, argv, self.env, self.spec.cell.log, f"{head.name} driver")
+        gone: set[str] = set()
         while self.driver.proc.poll() is None:
-            for host, node in zip(self.hosts, self.nodes):
-                if node.proc.poll() is not None:
+            for k, (host, node) in enumerate(zip(self.hosts, self.nodes)):
+                if node.proc.poll() is not None and elastic and k > 0:  # Ray Train shrinks the group
+                    if host.name not in gone:
+                        gone.add(host.name)
+                        log.warning("ray: the node on %s exited with %s; the elastic worker group goes on "
+                                    "without it", host.name, node.proc.returncode)
+                elif node.proc.poll() is not None:
                     raise RuntimeError(f"ray: the node on {host.name} exited with {node.proc.returncode} "
                                        f"while the driver ran (log: {self.folder / host.name}.log); last "
                                        f"lines:\n{node.text()}")
@@ -274,6 +281,7 @@ def drive(cell_dir: str, launch_time: float, address: str, nodes: int,
     import ray
 
     spec = CellSpec.read(cell_dir)
+    os.environ.update(trainer.driver_env(spec.config))  # this process is the cell's driver alone
     runtime_env = workers_runtime_env()
     handlers = signals.RaiseOnceHandlers("Ray's cluster shut down")  # as in RayBackend.launch
     try:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from pipelines.cluster.processes import identity, start_session, still, stop_tree
 from pipelines.config import BenchmarkConfig
+from pipelines.platforms.ray.trainer import node_env
 from pipelines.platforms.ray.hosts import (NO_DRAIN, NODE_START_S, NODE_STOP_S, OBJECT_STORE_BYTES, READY,
                                            STOP_GRACE_S, node_argv, process_env)
 from pipelines.runfolder.fileio import atomic_write_json
@@ -107,10 +108,10 @@ def _start_hosts(paths: RunPaths, config: BenchmarkConfig, env: dict) -> dict:
 
     hosts = lifecycle.attach(lifecycle._read(paths)).hosts
     cpus = max(max(1, w // len(hosts)) for w in config.matrix.worker_counts) * config.training.threads_per_worker
-    port, pids, temp_dirs = free_port_on(hosts[0]), [], []
+    port, pids, temp_dirs, argvs = free_port_on(hosts[0]), [], [], {}
     for k, host in enumerate(hosts):
         host.stop_processes(STOP_GRACE_S)  # what an earlier cell or a failed start left
-        argv = node_argv(hosts, k, port, cpus)
+        argv = argvs[host.name] = node_argv(hosts, k, port, cpus)
         temp_dirs.append(next(a.split("=", 1)[1] for a in argv if a.startswith("--temp-dir=")))
         log_file = folder(paths) / f"{host.name}.log"
         with open(log_file, "w") as out:  # a file, not a pipe: the nodes outlive the process starting them
@@ -119,7 +120,21 @@ def _start_hosts(paths: RunPaths, config: BenchmarkConfig, env: dict) -> dict:
         if k == 0:
             _wait_ready(log_file, proc)
     return {"address": f"{hosts[0].address}:{port}", "pids": pids, "temp_dirs": temp_dirs, "kind": "hosts",
-            "nodes": len(hosts)}
+            "nodes": len(hosts), "argvs": argvs}
+
+
+def _node_env(config: BenchmarkConfig, token: str) -> dict[str, str]:
+    return {**process_env(), **NO_DRAIN, **node_env(config), "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": token}
+
+
+def node_command(found: dict, config: BenchmarkConfig, host_name: str) -> tuple[list[str], dict] | None:
+    """The ``ray start`` that put the standing cluster's node on ``host_name`` there, and its
+    environment: what that host runs again when it comes back (``fault=host_return``); None for a
+    local cluster or the head (a lost head takes the cluster with it)."""
+    argvs = found.get("argvs") or {}
+    if found.get("kind") != "hosts" or host_name not in argvs or argvs[host_name] == next(iter(argvs.values())):
+        return None
+    return list(argvs[host_name]), _node_env(config, found["token"])
 
 
 class StandingRay:
@@ -142,7 +157,7 @@ class StandingRay:
         hosts = config.cluster.kind == "emulated"
         token = (_token(folder(paths) / "auth", fresh=True) if hosts
                  else _token(Path.home() / ".ray" / "auth_token", fresh=False))
-        env = {**process_env(), **NO_DRAIN, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": token}
+        env = _node_env(config, token)
         found = _start_hosts(paths, config, env) if hosts else _start_local(paths, config, env, tied_to_caller)
         # pid and start time of each node: running() and stop() never mistake a reused pid for it
         atomic_write_json(folder(paths) / "state.json", {**found, "token": token,

@@ -16,6 +16,7 @@ log = logging.getLogger(__name__)
 # Settings of the driver that the workers need too (a remote cluster's workers do not inherit
 # the driver's environment; a local one's do, and get the same values).
 FORWARDED_ENV_PREFIXES = ("PIPELINES_", "HF_", "TRANSFORMERS_", "TOKENIZERS_")
+V2_ENABLED_ENV = "RAY_TRAIN_V2_ENABLED"  # Ray Train V2 (the default since Ray 2.5x); "0" = V1
 
 
 def worker_env_vars(environ: dict[str, str] | None = None) -> dict[str, str]:
@@ -63,6 +64,61 @@ def cluster_processes() -> list:
     return found
 
 
+def scaling_options(spec: CellSpec) -> dict:
+    """``ScalingConfig`` size keywords (pure): N workers fixed, or (``engines.ray.elastic_min_workers``)
+    Ray Train V2's elastic group of min..N workers, checked for room to grow every
+    ``elastic_resize_interval_s``."""
+    settings = spec.config.engine("ray")
+    if settings.elastic_min_workers is None:
+        return {"num_workers": spec.world_size}
+    return {"num_workers": (min(settings.elastic_min_workers, spec.world_size), spec.world_size),
+            "elastic_resize_monitor_interval_s": settings.elastic_resize_interval_s}
+
+
+# An elastic group restarts with the workers the cluster has room for when Ray Train's controller
+# decides, seconds after a rank fails: by then the GCS must have marked the lost node dead, or it
+# asks for the old size and waits out its 60 s worker-group start timeout (measured: 78 s to recover
+# instead of ~20 s). Ray's default marks a node dead after 5 missed checks 3 s apart.
+FAST_NODE_DEATH = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3"}
+
+
+# ... and the controller decides within a second of the rank's failure, before the GCS can know: it
+# asks for the old size once. Its placement group cannot be placed then; Ray waits this long for it
+# (default 60 s; only the resource reservation, not the workers' start) before retrying smaller.
+WORKER_GROUP_START_ENV = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "10"}
+
+
+def driver_env(config) -> dict[str, str]:
+    """The driver's environment for this cell (Ray Train hands it to its controller): the short
+    placement wait when the group is elastic (``WORKER_GROUP_START_ENV``), else nothing."""
+    return dict(WORKER_GROUP_START_ENV) if config.engine("ray").elastic_min_workers is not None else {}
+
+
+def node_env(config) -> dict[str, str]:
+    """What the cluster's nodes (the head's GCS above all) get for this run: the quick node-death
+    detection when the group is elastic (``FAST_NODE_DEATH``), else nothing (Ray's defaults)."""
+    return dict(FAST_NODE_DEATH) if config.engine("ray").elastic_min_workers is not None else {}
+
+
+def elastic_refusal(config, worker_counts) -> str | None:
+    """Why ``engines.ray.elastic_min_workers`` cannot work for this run, naming the fields; None if fine."""
+    minimum = config.engine("ray").elastic_min_workers
+    if minimum is None:
+        return None
+    if os.environ.get(V2_ENABLED_ENV, "1").strip().lower() in ("0", "false"):
+        return (f"engines.ray.elastic_min_workers={minimum} needs Ray Train V2 (elastic num_workers=(min, max)); "
+                f"this environment sets {V2_ENABLED_ENV}={os.environ[V2_ENABLED_ENV]}")
+    if config.matrix.platform_retries < 1:
+        return (f"engines.ray.elastic_min_workers={minimum} needs matrix.platform_retries (flat name: "
+                "platform_retries) >= 1: Ray restarts a smaller worker group only as a recovered failure "
+                "(FailureConfig(max_failures)); got 0")
+    small = sorted({w for w in worker_counts if w < minimum})
+    if small:
+        return (f"engines.ray.elastic_min_workers={minimum} is more than the {small} worker(s) of some cells "
+                "(matrix.worker_counts): lower it or leave those counts out")
+    return None
+
+
 def torch_trainer(spec: CellSpec, launch_time: float, runtime_env: dict, placement_strategy: str = "PACK"):
     """The cell's ``TorchTrainer`` (the shared loop in every worker), for an initialised Ray:
     the local cluster, a joined one, or one built on launch hosts (``pipelines.platforms.ray.hosts``)."""
@@ -76,7 +132,7 @@ def torch_trainer(spec: CellSpec, launch_time: float, runtime_env: dict, placeme
     return TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"cell_dir": str(spec.cell_dir), "launch_time": launch_time},
-        scaling_config=ScalingConfig(num_workers=spec.world_size, use_gpu=torch.cuda.is_available(),
+        scaling_config=ScalingConfig(**scaling_options(spec), use_gpu=torch.cuda.is_available(),
                                      resources_per_worker={"CPU": spec.config.training.threads_per_worker},
                                      placement_strategy=placement_strategy),
         run_config=RunConfig(
