@@ -20,6 +20,7 @@ from pipelines.report.plots import (plot_accuracy_curves, plot_network, plot_ove
                                     plot_scaling_efficiency, plot_time_vs_workers, plot_verdict)
 from pipelines.report.costs import costs_markdown, timeline_plots
 from pipelines.report.faults import faults_markdown
+from pipelines.report.stragglers import healthy_references, stragglers_markdown
 from pipelines.report.what_it_takes import what_it_takes_markdown
 from pipelines.report.study import _study_lines
 from pipelines.report.tables import (_code, _md_table, _phase_lines, _strategy_lines, _text,
@@ -153,7 +154,7 @@ def render_markdown(config: BenchmarkConfig, summary: RunSummary, plots: list[Pa
         ("Where the time goes", _phase_lines(summary)),
         ("Training setup", _batch_policy_lines(config)),
         ("Fault tolerance (resumed cells)", _recovery_lines(summary)),
-        *([("", [faults.strip()])] if faults else []),  # "Losing a host" (pipelines.report.faults)
+        *([("", [faults.strip()])] if faults else []),  # "Losing a host", "Stragglers" (report.faults, .stragglers)
         ("Dataset", _dataset_lines(summary, config)),
         ("Model", _model_lines(summary, config)),
         ("Hardware", _hardware_lines(summary)),
@@ -243,7 +244,8 @@ def build_report(config: BenchmarkConfig, paths: RunPaths) -> dict[str, Any]:
     by_cell = {cell_name(b, w, r, s, net): res for (b, s, net, w, r), res in every.items()}
     timeline_plots(by_cell, paths.cells, paths.report)  # report/timeline-<cell>.png, shown by the costs section
     md = render_markdown(config, full, plots, verdict, costs=costs_markdown(full, by_cell, paths.report),
-                         faults=faults_markdown(by_cell))
+                         faults="\n\n".join(filter(None, [faults_markdown(by_cell), stragglers_markdown(
+                             by_cell, healthy_references(paths.root, config.fingerprint(), list(by_cell)))])) or None)
     atomic_write_text(paths.report_markdown, md)
     atomic_write_text(paths.report_html, render_html(md, paths.report))
     log.info("report written to %s", paths.report)
