@@ -17,7 +17,10 @@ Several hosts driven from here (``TrainingBackend.launch_on_hosts``, e.g. the ho
 (node rank = host index, the static rendezvous on host 0), ``host_placements`` says which host
 each global rank runs on, ``host_env`` pins gloo to the hosts' interface, and
 ``execute_on_hosts`` starts them all, tees each node's output to its own log and takes the
-others down when one fails. Starting, stopping and teeing processes, and free ports, are
+others down when one fails. Elastic (``elastic_host_commands``, the DDP platform's
+``engines.ddp.elastic``): ``--nnodes MIN:MAX`` with torchrun's c10d rendezvous (its store on host
+0), so the surviving agents restart their workers at a smaller world size when a node is lost and
+at the full size when it comes back; ``execute_on_hosts(elastic=True)`` lets the survivors finish. Starting, stopping and teeing processes, and free ports, are
 ``pipelines.cluster.processes``'.
 
 ``gpu_count`` / ``has_gpus`` probe the host's GPUs with nvidia-smi (no torch import: adapters
@@ -83,6 +86,31 @@ def torchrun_args(nproc_per_node: int, *, nnodes: int = 1, node_rank: int = 0, r
     # static: the node rank fixes the ranks (rank 0 on node 0, which reads the result back)
     return ["--nnodes", str(nnodes), "--node-rank", str(node_rank), "--rdzv-backend", "static",
             "--rdzv-endpoint", rdzv_endpoint, "--rdzv-id", rdzv_id, *args]
+
+
+# torchrun's c10d rendezvous, tuned for a cell: a dead agent is dropped after 3 missed 1-s
+# keep-alives; once MIN nodes are there the round waits LAST_CALL_S for the rest (both agents
+# start at once: they meet well within it), so a survivor goes on LAST_CALL_S after a loss.
+ELASTIC_LAST_CALL_S = 8
+ELASTIC_JOIN_TIMEOUT_S = 300
+
+
+def elastic_torchrun_args(nproc_per_node: int, *, min_nodes: int, max_nodes: int, rdzv_endpoint: str,
+                          rdzv_id: str, local_addr: str, is_host: bool, max_restarts: int) -> list[str]:
+    """torchrun options for an elastic node: ``--nnodes MIN:MAX`` and the c10d rendezvous whose
+    store the agent at ``rdzv_endpoint`` hosts (``is_host``: this node). No node rank: the
+    rendezvous orders the nodes, so rank 0 may run on any of them. ``local_addr``: the address
+    the other nodes reach this one at (the workers' store is on rank 0's node)."""
+    if not 1 <= min_nodes <= max_nodes:
+        raise ValueError(f"engines.ddp.elastic_min_nodes={min_nodes} must be between 1 and the nodes ({max_nodes})")
+    if not rdzv_endpoint:
+        raise ValueError("an elastic torchrun needs rdzv_endpoint=host:port (the c10d store's node)")
+    conf = (f"join_timeout={ELASTIC_JOIN_TIMEOUT_S},last_call_timeout={ELASTIC_LAST_CALL_S},close_timeout=10,"
+            f"keep_alive_interval=1,keep_alive_max_attempt=3,is_host={str(is_host).lower()}")
+    return ["--nnodes", f"{min_nodes}:{max_nodes}", "--rdzv-backend", "c10d", "--rdzv-endpoint", rdzv_endpoint,
+            "--rdzv-id", rdzv_id, "--rdzv-conf", conf, "--local-addr", local_addr,
+            "--nproc-per-node", str(nproc_per_node), "--max-restarts", str(max_restarts),
+            "--monitor-interval", "0.1"]
 
 
 def torchrun_command(*, nproc_per_node: int, cell_dir: Path, launch_time: float, nnodes: int = 1,
@@ -187,6 +215,21 @@ def host_torchrun_commands(world_size: int, cell_dir: Path, launch_time: float, 
             for k in range(len(hosts))]
 
 
+def elastic_host_commands(world_size: int, cell_dir: Path, launch_time: float, hosts: Sequence[Any], port: int,
+                          *, min_nodes: int, max_restarts: int, module: str = WORKER_MODULE,
+                          python: str = sys.executable) -> list[list[str]]:
+    """One elastic torchrun per host (``elastic_torchrun_args``), the c10d store on
+    ``hosts[0].address:port``; the same line started again on a host brings it back in."""
+    per_host = host_nproc(world_size, len(hosts))
+    endpoint = f"{hosts[0].address}:{port}"
+    return [[python, "-m", "torch.distributed.run",
+             *elastic_torchrun_args(per_host, min_nodes=min_nodes, max_nodes=len(hosts), rdzv_endpoint=endpoint,
+                                    rdzv_id=Path(cell_dir).name, local_addr=host.address, is_host=k == 0,
+                                    max_restarts=max_restarts),
+             "-m", module, "--cell-dir", str(cell_dir), "--launch-time", repr(launch_time)]
+            for k, host in enumerate(hosts)]
+
+
 def host_placements(world_size: int, hosts: Sequence[Any]) -> list[dict]:
     """Which host each global rank runs on under the static rendezvous
     (rank = node_rank * nproc_per_node + local_rank, node rank = host index)."""
@@ -216,11 +259,30 @@ def _first_failure(procs: Sequence[subprocess.Popen], poll_s: float) -> int | No
     return next((k for k, p in enumerate(procs) if p.returncode != 0), None)
 
 
+def _all_exited(procs: Sequence[subprocess.Popen], poll_s: float) -> int | None:
+    """Elastic: a node that fails is the others' to survive (their agents re-rendezvous without
+    it). Wait for every node; None if any finished (the survivors trained to the end), else the
+    index of the last one to fail (the survivor's error says why the cell could not go on)."""
+    order: list[int] = []
+    while len(order) < len(procs):
+        order += [k for k, p in enumerate(procs) if p.poll() is not None and k not in order]
+        time.sleep(poll_s)
+    if any(p.returncode == 0 for p in procs):
+        for k in order:
+            if procs[k].returncode != 0:
+                log.warning("node %d's agent exited with %d; the other node(s) went on without it", k,
+                            procs[k].returncode)
+        return None
+    return order[-1]
+
+
 def execute_on_hosts(cmds: Sequence[list[str]], env: Mapping[str, str], hosts: Sequence[Any],
-                     log_paths: Sequence[Path], poll_s: float = 0.1, what: str = "torchrun") -> None:
+                     log_paths: Sequence[Path], poll_s: float = 0.1, what: str = "torchrun",
+                     elastic: bool = False) -> None:
     """Run ``cmds[k]`` on ``hosts[k]`` at once, tee each one's output to ``log_paths[k]``; when one
     exits non-zero, stop the others and raise with its tail (as ``execute`` does for one);
-    ``what``: the program, for the message."""
+    ``what``: the program, for the message. ``elastic``: a node's failure is not the end: the
+    launch succeeds when any node's agent finishes (``_all_exited``)."""
     if not len(cmds) == len(hosts) == len(log_paths):
         raise ValueError("execute_on_hosts: one command and one log per host")
     procs: list[subprocess.Popen] = []
@@ -234,12 +296,13 @@ def execute_on_hosts(cmds: Sequence[list[str]], env: Mapping[str, str], hosts: S
                             stdin=subprocess.DEVNULL, text=True)
             procs.append(proc)
             tees.append(Tee(proc, log_path, prefix=host.name).start())
-        failed = _first_failure(procs, poll_s)
+        failed = _all_exited(procs, poll_s) if elastic else _first_failure(procs, poll_s)
     finally:
         stop_tree(procs, STOP_GRACE_S)  # nothing when all exited; on failure or interruption: the others
         for tee in tees:
             tee.join(10)
     if failed is not None:
+        others = "every other node failed too" if elastic else "the other node(s) were stopped"
         raise RuntimeError(f"{what} on {hosts[failed].name} (node {failed}) exited with "
-                           f"{procs[failed].returncode} (full log: {log_paths[failed]}); the other node(s) "
-                           f"were stopped; last lines:\n{tees[failed].text()}")
+                           f"{procs[failed].returncode} (full log: {log_paths[failed]}); {others}; "
+                           f"last lines:\n{tees[failed].text()}")

@@ -154,11 +154,24 @@ def test_the_report_shows_each_platforms_recovery_side_by_side():
             "resumed_from_epoch": None, "epochs_redone": None}),
         "spark-1gbit-w2-r0": CellResult(backend="spark", world_size=2),  # no fault: not listed
     }
+    results["ddp-elastic-w2-r0"] = CellResult(backend="ddp", world_size=2, fault={
+        **lost, "kind": "host_return", "platform_outcome": "recovered", "platform_action": "shrank",
+        "recovered_by": "platform", "recovery_seconds": 17.0, "world_size_before": 2, "world_size_after_loss": 1,
+        "returned_at": 100.0, "return_after_s": 20.0, "world_size_after_return": 2, "grew_back": True,
+        "seconds_return_to_full_size": 14.4})
     md = faults_markdown(results)
-    assert md.startswith("## Losing a host")
+    assert md.startswith("## Losing a host") and "host_return" in md
     ddp = next(line for line in md.splitlines() if line.startswith("| ddp-1gbit"))
-    assert "| h1 | epoch 2 step 3/6 | failed | project | 9.5 | 4.2 | 1 | 1 | ok |" in ddp
+    assert "| h1 (worker) | epoch 2 step 3/6 | failed | project | 2 → ? | 9.5 | 4.2 | 1 | 1 | - | ok |" in ddp \
+        or "| h1 (worker) | epoch 2 step 3/6 | failed | project | - | 9.5 | 4.2 | 1 | 1 | - | ok |" in ddp, ddp
     ray = next(line for line in md.splitlines() if line.startswith("| ray-1gbit"))
     assert "no recovery before the deadline (120 s) | none | - |" in ray and ray.endswith("| failed |")
+    elastic = next(line for line in md.splitlines() if line.startswith("| ddp-elastic"))
+    assert ("h1 (worker), back after 20 s | epoch 2 step 3/6 | recovered it: went on with fewer ranks | platform "
+            "| 2 → 1 → 2 | 17.0 |") in elastic, elastic
+    assert ("- ddp-elastic-w2-r0: ddp itself keeps training: 2 → 1 → 2 ranks, training again 17.0 s after the "
+            "loss; back to 2 ranks 14.4 s after the host returned; 4.2 s of work lost") in md, md
+    assert "- ddp-1gbit-w2-r0: ddp did not survive losing its worker host; the project's retry" in md
+    assert "- ray-1gbit-w2-r0: nobody" in md
     assert "spark-1gbit" not in md and "<b>" not in md  # escaped
     assert faults_markdown({"spark-w2-r0": CellResult(backend="spark", world_size=2)}) is None

@@ -4,7 +4,7 @@
 (``engines.ddp``), or across the run's hosts (one torchrun per host, static rendezvous).
 """
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from pipelines.platforms.fields import deployment
 from pipelines.platforms import Platform, register
@@ -18,6 +18,11 @@ class DDPSettings(BaseModel):
     nnodes: int = deployment(1, flat="ddp_nnodes", ge=1)
     node_rank: int = deployment(0, flat="ddp_node_rank", ge=0)
     rdzv_endpoint: str | None = deployment(None, flat="ddp_rdzv_endpoint")  # host:port; None -> --standalone
+    # across the run's hosts: torchrun's elastic mode (--nnodes MIN:MAX, c10d rendezvous on the first
+    # host, --max-restarts = matrix.platform_retries): a lost host's ranks are dropped and the others
+    # go on from the last checkpoint at the smaller world size; a host that comes back is taken in again
+    elastic: bool = False
+    elastic_min_nodes: int = Field(1, ge=1)  # the fewest hosts the cell goes on with
 
 
 PLATFORM = register(Platform(
@@ -26,6 +31,6 @@ PLATFORM = register(Platform(
     process_kinds=(("torchrun", "torchrun"), ("torch.distributed.run", "torchrun")),
     # torch is every platform's: DDP adds nothing to install; across machines a torchrun per
     # machine with the rendezvous settings (engines.ddp), started by whoever runs the job. It brings
-    # no orchestration feature of its own as run here (--max-restarts 0: a failed attempt is the
-    # project's to retry; torchrun's elastic restarts are not used yet)
+    # no orchestration feature of its own by default (--max-restarts 0: a failed attempt is the
+    # project's to retry); engines.ddp.elastic uses torchrun's elastic restarts across hosts
 ))

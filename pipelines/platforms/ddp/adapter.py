@@ -50,8 +50,10 @@ from pipelines.training.cell import CellSpec
 from pipelines.config import BenchmarkConfig
 from pipelines.runfolder.fileio import atomic_write_json
 from pipelines.cluster.processes import free_port_on
-from pipelines.platforms.torchrun import (execute, execute_on_hosts, host_env, host_nproc, host_placements,
-                                          host_torchrun_commands, launch_env, nproc_per_node, worker_command)
+from pipelines.measure import faults
+from pipelines.platforms.torchrun import (elastic_host_commands, execute, execute_on_hosts, host_env, host_nproc,
+                                          host_placements, host_torchrun_commands, launch_env, nproc_per_node,
+                                          worker_command)
 from pipelines.runfolder.paths import CellPaths, RunPaths
 from pipelines.runfolder.results import CellResult
 
@@ -147,7 +149,10 @@ class DDPBackend(TrainingBackend):
 
     def launch_on_hosts(self, spec: CellSpec, launch_time: float, hosts: list) -> None:
         """One torchrun per host (node rank = index), static rendezvous on host 0; writes the cell's
-        ``placements.json`` (``run`` records what each host's interface moved meanwhile)."""
+        ``placements.json`` (``run`` records what each host's interface moved meanwhile).
+        ``engines.ddp.elastic``: ``_launch_elastic``."""
+        if spec.config.engine("ddp").elastic:
+            return self._launch_elastic(spec, launch_time, hosts)
         per_host = host_nproc(spec.world_size, len(hosts))
         port = free_port_on(hosts[0])
         cmds = host_torchrun_commands(spec.world_size, spec.cell_dir, launch_time, hosts, port,
@@ -160,9 +165,38 @@ class DDPBackend(TrainingBackend):
         finally:
             atomic_write_json(spec.cell.placements, host_placements(spec.world_size, hosts))
 
+    def _launch_elastic(self, spec: CellSpec, launch_time: float, hosts: list) -> None:
+        """One elastic torchrun per host, c10d rendezvous on host 0: the survivors of a lost host go
+        on at a smaller world size, and the same command started again on that host (what
+        ``fault=host_return`` does, as an operator's supervisor would) brings it back in. No
+        ``placements.json``: the rendezvous orders the nodes, so the ranks' own report says where
+        each ran (the cell folder is shared: rank 0 writes the result from whichever host)."""
+        config = spec.config
+        min_nodes = min(config.engine("ddp").elastic_min_nodes, len(hosts))
+        if config.matrix.fault != "none" and config.matrix.platform_retries < 1:
+            raise ValueError("engines.ddp.elastic recovers a lost host only with matrix.platform_retries >= 1 "
+                             "(flat name: platform_retries; torchrun's --max-restarts): got 0")
+        per_host = host_nproc(spec.world_size, len(hosts))
+        cmds = elastic_host_commands(spec.world_size, spec.cell_dir, launch_time, hosts, free_port_on(hosts[0]),
+                                     min_nodes=min_nodes, max_restarts=config.matrix.platform_retries)
+        env = host_env(config, os.environ, per_host)
+        # each round's rank 0 publishes its own store address: with the agent's shared store (the
+        # default) a node that rejoins waits for MASTER_ADDR that the round's rank 0, holding its store
+        # from round 0, never writes again (torch 2.13: DistStoreError after 60 s, measured here)
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+        logs = [spec.cell.log] + [spec.cell.node_log(k) for k in range(1, len(hosts))]
+        self._hosts_by_cell()[spec.cell_dir] = len(hosts)
+        for host, cmd, log_path in zip(hosts, cmds, logs):  # what a returning host runs again
+            faults.offer_restart(spec.cell, host, cmd, env, log_path)
+        try:
+            execute_on_hosts(cmds, env, hosts, logs, elastic=True)
+        finally:
+            faults.withdraw_restarts(spec.cell)
+
     def versions(self) -> dict[str, str]:
         return {"launcher": "torchrun"}
 
     def platform_fields(self, spec: CellSpec) -> dict:
         nodes = self._hosts_by_cell().get(spec.cell_dir) or spec.config.engine("ddp").nnodes
-        return {"platform_mode": "torchrun" if nodes == 1 else f"torchrun-{nodes}-nodes"}
+        elastic = "-elastic" if nodes > 1 and spec.config.engine("ddp").elastic else ""
+        return {"platform_mode": "torchrun" if nodes == 1 else f"torchrun{elastic}-{nodes}-nodes"}
