@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -61,6 +62,42 @@ def test_a_platform_that_does_not_recover_fails_at_the_deadline(tmp_path):
     assert record["host"] == "h1" and record["platform_outcome"] == "timed_out" and record["recovered_by"] == "none"
     with faults.inject(config, cell, hosts, attempt=2, platform="ray") as loss:  # a retry: no fault
         assert loss is None
+
+
+def test_a_returned_host_without_an_agent_to_start_is_recorded_as_such(tmp_path):
+    """host_return on a platform that offered nothing to start again (not elastic torchrun): the loss
+    as host_loss, then the record says nothing was restarted; coordinator = the first host."""
+    cell = RunPaths(tmp_path / "r").cell("spark", 2, 0)
+    cell.root.mkdir(parents=True)
+    config = SimpleNamespace(matrix=SimpleNamespace(fault="host_return", fault_epoch=1, recovery_deadline_s=30.0,
+                                                    fault_victim="coordinator", return_after_s=0.2))
+    hosts = [_FakeHost("h0"), _FakeHost("h1")]
+    with faults.inject(config, cell, hosts, attempt=1, platform="spark") as loss:
+        attempts.beat(cell, 1, 3, 6)
+        deadline = time.monotonic() + 10
+        while "returned_at" not in json.loads(faults.fault_file(cell).read_text() if faults.fault_file(cell).exists()
+                                              else "{}") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert loss.victim.name == "h0"
+    record = faults.record(cell, [], 0)
+    assert record["kind"] == "host_return" and record["host"] == "h0" and record["victim"] == "coordinator"
+    assert record["restarted"] is None and "spark offered no agent to start again on h0" in record["not_restarted"]
+    assert record["grew_back"] is False and record["world_size_after_return"] is None
+
+
+def test_elastic_torchrun_lines_use_the_c10d_rendezvous_on_the_first_host():
+    from pipelines.platforms.torchrun import elastic_host_commands
+
+    hosts = [SimpleNamespace(name="h0", address="10.0.0.1"), SimpleNamespace(name="h1", address="10.0.0.2")]
+    cell_dir = Path("/x/cell-a")
+    cmds = elastic_host_commands(4, cell_dir, 1.0, hosts, 29400, min_nodes=1, max_restarts=2)
+    for k, cmd in enumerate(cmds):
+        line = " ".join(cmd)
+        assert "--nnodes 1:2 --rdzv-backend c10d --rdzv-endpoint 10.0.0.1:29400 --rdzv-id cell-a" in line
+        assert f"is_host={'true' if k == 0 else 'false'}" in line and f"--local-addr {hosts[k].address}" in line
+        assert "--nproc-per-node 2 --max-restarts 2" in line and "--node-rank" not in line
+    with pytest.raises(ValueError, match="elastic_min_nodes=3"):
+        elastic_host_commands(4, cell_dir, 1.0, hosts, 29400, min_nodes=3, max_restarts=1)
 
 
 # --- real platforms across two emulated hosts (root) ------------------------------------------------

@@ -1,7 +1,9 @@
 """PyTorch DDP through torchrun: the reference platform every other is compared with.
 
 ``adapter.py`` launches the shared worker with torchrun on one host, on several nodes
-(``engines.ddp``), or across the run's hosts (one torchrun per host, static rendezvous).
+(``engines.ddp``), or across the run's hosts (one torchrun per host, static rendezvous; with
+``engines.ddp.elastic`` torchrun's elastic c10d rendezvous: a lost host's ranks are dropped and a
+returning host is taken back in).
 """
 
 from pydantic import BaseModel, ConfigDict, Field

@@ -33,6 +33,16 @@ says ``platform_mode = torchrun-<k>-nodes``. Beside it the cell gets ``placement
 host, from the static rendezvous) and ``link_bytes.json`` (bytes each host's interface sent and
 received during the launch).
 
+``engines.ddp.elastic`` (across the run's hosts only): torchrun's elastic mode instead, ``--nnodes
+MIN:MAX`` (MIN = ``engines.ddp.elastic_min_nodes``) with the c10d rendezvous on host 0 and
+``--max-restarts`` = ``matrix.platform_retries``. A lost host's agent exiting is then not the end of
+the cell: the survivors' agents restart their workers at the smaller world size and the training
+loop resumes from the last checkpoint at that size; the cell ends when the survivors finish. The
+same command started again on the lost host (``fault=host_return``) rejoins, and the agents grow
+back to the full world size. Losing host 0 loses the rendezvous store: the survivors cannot go
+on, and only the project's retry recovers the cell. The rendezvous, not the host index, orders the
+nodes, so rank 0 may run on any host (it writes the result into the shared cell folder).
+
 The command, environment and execution come from ``pipelines.platforms.torchrun`` (torchrun's command
 line, the ranks' environment, teeing the output to ``<cell>/train.log``), which the
 Determined backend uses too with its own entry module.
