@@ -26,6 +26,10 @@
    removed (a failed launch first copies Ray's logs to ``<cell>/ray-hosts/<host>-logs``). That
    happens after rank 0 wrote its result, so it is the cell's teardown phase.
 
+``fault=host_return`` (``pipelines.measure.faults``): each non-head host's ``ray start`` is offered
+to be run again when the host comes back (``offer_return``; the standing cluster's too); the node
+joins the head and an elastic worker group (``engines.ray.elastic_min_workers``) grows back.
+
 Each rank reports its own host (``pipelines.training.distributed.placement``): the raylets get
 ``BENCHMARK_HOST`` from ``host.run`` and the workers they start inherit it.
 """
@@ -44,7 +48,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pipelines.measure import signals
+from pipelines.measure import faults, signals
 from pipelines.platforms.ray import trainer
 from pipelines.platforms.ray.worker import DRIVER_LOG_ENV
 from pipelines.training.cell import CellSpec
@@ -173,6 +177,8 @@ class RayOnHosts:
         for k, host in enumerate(self.hosts[1:], start=1):
             argv = node_argv(self.hosts, k, port, self.cpus)
             self.nodes.append(_start(host, argv, env, self.folder / f"{host.name}.log", f"{host.name} ray", READY))
+            # a lost node comes back as an operator's supervisor would start it: the same `ray start`
+            offer_return(self.spec.cell, host, argv, env, self.folder / f"{host.name}-returned.log")
         return f"{self.hosts[0].address}:{port}"
 
     def drive(self, launch_time: float, address: str, poll_s: float = 0.2) -> None:
@@ -204,6 +210,7 @@ class RayOnHosts:
         """Stop the driver and every node, then whatever is left on each host; remove the nodes'
         temp dirs. Returns, per host, the pids that outlived the nodes' own shutdown."""
         start = time.perf_counter()
+        faults.withdraw_restarts(self.spec.cell)
         if self.driver is not None and self.driver.proc.poll() is None:
             stop_tree([self.driver.proc], DRIVER_STOP_S, tree=False)
         stop_tree([n.proc for n in self.nodes], NODE_STOP_S, tree=False)  # each stops its own node
@@ -229,6 +236,13 @@ def _copy_logs(temp_dir: Path, target: Path) -> None:
         log.warning("ray: could not keep %s: %s", logs, err)
 
 
+def offer_return(cell, host: Any, argv: list[str], env: Mapping[str, str], log_path: Path) -> None:
+    """``fault=host_return``: what ``host`` runs when it comes back (``pipelines.measure.faults``
+    starts it): its node's ``ray start --address=<head> --block`` again, which joins the cluster;
+    an elastic worker group then grows back within ``engines.ray.elastic_resize_interval_s``."""
+    faults.offer_restart(cell, host, argv, dict(env), log_path)
+
+
 def launch(spec: CellSpec, launch_time: float, hosts: Sequence[Any]) -> None:
     """The cell across ``hosts`` on a cluster of its own (per job: its start is the cell's
     ``provision`` phase); every node is stopped whatever happens."""
@@ -250,12 +264,21 @@ def drive_standing(spec: CellSpec, launch_time: float, hosts: Sequence[Any], add
                    joined: Mapping[str, str], nodes: int) -> None:
     """The cell's driver on hosts[0] joining the run's standing cluster at ``address`` (``nodes``
     nodes; ``joined``: its token), teed to train.log; the cluster stays."""
+    from pipelines.platforms.ray import standing  # it imports this module
+
     host_nproc(spec.world_size, len(hosts))
     argv = driver_argv(spec.cell_dir, launch_time, address, nodes)
+    found = standing.state(spec.paths) or {}
+    for host in hosts[1:]:  # host_return: the standing cluster's node on it, started again
+        again = standing.node_command(found, spec.config, host.name)
+        if again:
+            offer_return(spec.cell, host, again[0], again[1], standing.folder(spec.paths) / f"{host.name}-returned.log")
     try:
         execute_on_hosts([argv], {**process_env(), **joined}, hosts[:1], [spec.cell.log], what="the Ray driver")
     except RuntimeError as err:
         raise RuntimeError(f"ray driver on {hosts[0].name}: {err}") from None
+    finally:
+        faults.withdraw_restarts(spec.cell)
 
 
 def wait_for_nodes(count: int, timeout_s: float = NODE_WAIT_S, poll_s: float = 0.5) -> list[dict]:
