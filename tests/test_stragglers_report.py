@@ -41,6 +41,8 @@ def test_the_section_shows_slowdowns_who_waited_and_one_line_per_fault():
     assert ranks[1].startswith("| ddp-1gbit-w2-r0 | 1 | h1 (slow) | 10 | 300 | 400 | 200 | 50 | 50 / 40 |"), ranks
     assert "- ddp-1gbit-w2-r0: rank 0 (h0) waited 250 ms/step in communication for rank 1 (h1), which computed " \
            "200 ms/step" in md
+    assert "- ddp-localsgd-4-1gbit-w2-r0: every rank waited on h1's link: communication 120 / 10 ms/step, compute " \
+           "90 / 210 ms/step (ranks 0 / 1)" in md
     host_line = next(line for line in md.splitlines() if line.startswith("- `slow_host`"))
     assert "1 of 1 cell(s) kept training to the end; training time against the healthy cell: ddp default x3.00" \
         in host_line

@@ -71,6 +71,11 @@ def _who_waited(result: CellResult) -> str:
         return ""
     computer = max(ranks, key=lambda r: r.compute_per_step_s)
     waiter = max(ranks, key=lambda r: r.communication_per_step_s)
+    if (result.straggler or {}).get("kind") == "slow_link":  # one wire: every rank waits on it alike
+        return (f"every rank waited on {(result.straggler or {}).get('host')}'s link: communication "
+                + " / ".join(f"{r.communication_per_step_s * 1000:.0f}" for r in ranks) + " ms/step, compute "
+                + " / ".join(f"{r.compute_per_step_s * 1000:.0f}" for r in ranks) + " ms/step (ranks "
+                + " / ".join(str(r.rank) for r in ranks) + ")")
     if computer.rank == waiter.rank:
         return (f"rank {computer.rank} ({computer.host}) both computed and communicated longest "
                 f"({computer.compute_per_step_s * 1000:.0f} + {computer.communication_per_step_s * 1000:.0f} ms/step)")
