@@ -38,7 +38,6 @@ from collections.abc import Iterator
 
 from pipelines.cluster.processes import Tee, sigkill, stop_tree
 from pipelines.measure import attempts
-from pipelines.training import checkpoint as ckpt
 from pipelines.runfolder.fileio import atomic_write_json
 from pipelines.runfolder.paths import CellPaths
 
@@ -82,11 +81,25 @@ def _kill_host(host, rounds: int = 20) -> list[int]:
     return sorted(set(killed))
 
 
+# what the training loop writes (pipelines.training.checkpoint: PATTERN, WORLD_SIZES), read here
+# without importing torch (the adapters import this module; tests/backends/test_launch.py)
+CHECKPOINTS = "epoch-*.pt"
+WORLD_SIZES = "world_sizes.json"
+
+
+def _starts(cell: CellPaths) -> list[dict]:
+    """Each start of the cell's workers, noted by rank 0 (``checkpoint.note_world_size``)."""
+    try:
+        return list(json.loads((cell.root / WORLD_SIZES).read_text()))
+    except (FileNotFoundError, ValueError):
+        return []
+
+
 def _last_checkpoint_at(cell: CellPaths) -> float | None:
     """When the newest checkpoint was written (its file's time): the work after it is lost."""
-    last = ckpt.latest_checkpoint(cell.checkpoints)
+    found = sorted(cell.checkpoints.glob(CHECKPOINTS))
     try:
-        return last.stat().st_mtime if last else None
+        return found[-1].stat().st_mtime if found else None
     except OSError:
         return None
 
@@ -118,7 +131,7 @@ class HostLoss:
         if self.kind == "host_return" and not self.done.wait(self.return_after_s):
             self._return()
         while not self.done.wait(POLL_S):  # the deadline: training again (a new start) or the launch ended
-            if any(e["first_step_at"] > self.lost_at for e in ckpt.world_sizes(self.cell.root)):
+            if any(e["first_step_at"] > self.lost_at for e in _starts(self.cell)):
                 break
             if time.time() - self.lost_at > self.deadline_s:
                 self._stop_at_deadline()
@@ -130,11 +143,11 @@ class HostLoss:
         """After a return: the survivors' workers are stopped to let the host in, losing their epoch in
         progress since its checkpoint; rank 0's heartbeat says how far it was (the last beat seen
         before the next start, timed from the epoch's first beat seen)."""
-        starts = len(ckpt.world_sizes(self.cell.root))
+        starts = len(_starts(self.cell))
         seen, epoch_seen, last_beat = None, None, None
         while not self.done.wait(POLL_S):
             where = attempts.progress(self.cell)
-            if len(ckpt.world_sizes(self.cell.root)) > starts:
+            if len(_starts(self.cell)) > starts:
                 if epoch_seen is not None:
                     _update(self.cell, {"regrowth_lost_epoch": seen[0], "regrowth_lost_steps": seen[1],
                                         "regrowth_lost_seconds": last_beat - epoch_seen})
@@ -249,7 +262,7 @@ def _update(cell: CellPaths, fields: dict) -> None:
 def _world_sizes(cell: CellPaths, loss: dict) -> dict:
     """World size before the loss, at the first start after it and at the first after the return
     (``<cell>/world_sizes.json``: each start of the workers, noted by rank 0 at its first step)."""
-    starts = ckpt.world_sizes(cell.root)
+    starts = _starts(cell)
     before = [e for e in starts if e["first_step_at"] <= loss["at"]]
     after = [e for e in starts if e["first_step_at"] > loss["at"]]
     returned_at = loss.get("returned_at")

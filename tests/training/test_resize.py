@@ -87,6 +87,8 @@ def test_each_start_notes_its_world_size_and_a_fresh_start_begins_the_list(tmp_p
     ckpt.note_world_size(tmp_path, 0, 2, 200.0)  # the cell started over
     assert ckpt.world_sizes(tmp_path) == [{"epoch": 0, "world_size": 2, "first_step_at": 200.0}]
     assert ckpt.world_sizes(tmp_path / "none") == []
+    from pipelines.measure import faults  # reads them without importing torch: the same names
+    assert (faults.WORLD_SIZES, faults.CHECKPOINTS) == (ckpt.WORLD_SIZES, ckpt.PATTERN)
 
 
 def test_a_checkpoint_of_another_world_size_resumes_but_another_config_is_refused(make_config, tmp_path):
