@@ -5,8 +5,10 @@ With ``ScalingConfig(num_workers=(min, N))`` and ``FailureConfig(max_failures=ma
 restart the worker group with the workers that still fit, from the last checkpoint reported to
 ``ray.train.report``; the shared loop resumes at the smaller world size (``pipelines.training.loop``)
 and the cell trains to its end in the same attempt: no project retry. Losing hosts[0] (Ray's head:
-its GCS, and the driver) is beyond Ray: the attempt fails and the project's retry recovers it.
-Both start Ray on two emulated hosts: heavy (each takes 2-4 minutes on two loaded cores).
+its GCS, and the driver) is beyond Ray: the attempt fails and the project's retry recovers it. When
+the lost host comes back (``fault=host_return``) its node joins again and Ray grows the group back.
+These start Ray on two emulated hosts: heavy (each takes 4-6 minutes on two loaded cores); the
+settings' checks run in CI (seconds).
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ def test_a_returning_host_gets_its_standing_node_back_but_never_a_second_head(ma
 
 
 # --- real Ray on two emulated hosts (root) ------------------------------------------------------------
-def _lose_a_host(tmp_path, make_config, imdb_dir, bert_tiny_dir, victim: str):
+def _lose_a_host(tmp_path, make_config, imdb_dir, bert_tiny_dir, victim: str, **overrides):
     """The run's path (``stages.train_cell``, the run's standing Ray cluster on h0 and h1) of a 2-worker
     elastic cell that loses ``victim`` in the middle of epoch 2 of 3 of its first attempt."""
     from pipelines.cluster import lifecycle
@@ -77,13 +79,14 @@ def _lose_a_host(tmp_path, make_config, imdb_dir, bert_tiny_dir, victim: str):
     from pipelines.run import stages
     from pipelines.runfolder.results import CellResult
 
+    per_class = overrides.pop("train_per_class", 64)
     paths = write_token_shards(RunPaths(tmp_path / "runs" / "elastic"), imdb_dir, bert_tiny_dir,
-                               train_per_class=64, test_per_class=16, seq_len=32, seed=6)
+                               train_per_class=per_class, test_per_class=16, seq_len=32, seed=6)
     config = make_config(**{"cluster.kind": "emulated", "networks": ["1gbit"], "backends": ["ray"],
                             "worker_counts": [2], "epochs": 3, "max_seq_len": 32, "batch_size": 16,
                             "fault": "host_loss", "fault_epoch": 2, "fault_victim": victim, "cell_retries": 1,
                             "platform_retries": 2, "recovery_deadline_s": 180,
-                            "engines.ray.elastic_min_workers": 1})
+                            "engines.ray.elastic_min_workers": 1, **overrides})
     save_config(config, paths.config)
     started = time.monotonic()
     with lifecycle.run_cluster(paths, config):
@@ -131,3 +134,30 @@ def test_losing_rays_head_is_beyond_ray_and_the_projects_retry_recovers_it(tmp_p
     assert len(result.placements) == 2  # the retry: both hosts again
     print(f"\nray lost its head h0: the attempt failed, the project's retry recovered it in "
           f"{fault['recovery_seconds']:.1f}s; test took {took:.0f}s; error: {lost.error[:300]}")
+
+
+@pytest.mark.slow
+@pytest.mark.heavy
+@pytest.mark.skipif(_NO_NETNS is not None, reason=str(_NO_NETNS))
+def test_ray_grows_back_to_two_workers_when_the_lost_node_returns(tmp_path, make_config, imdb_dir, bert_tiny_dir):
+    """host_return: h1's ``ray start`` runs again 20 s after the loss (``hosts.offer_return``) and the
+    cell ends on both hosts, in its first attempt. Timing seen here: the group of one trains again
+    26-38 s after the loss, and Ray resizes 15-20 s after the node is up (its resources reach the
+    elastic policy through Ray's autoscaling coordinator); at one worker an epoch of this data takes
+    ~3 s, hence 16 epochs, so the cell is still training then. A group that has not reached its first
+    step when the resize comes is replaced at once (world sizes [2, 2], else [2, 1, 2])."""
+    from pipelines.training import checkpoint as ckpt
+
+    result, cell, took = _lose_a_host(tmp_path, make_config, imdb_dir, bert_tiny_dir, "worker", train_per_class=256,
+                                      fault="host_return", return_after_s=20, epochs=16, platform_retries=3,
+                                      **{"engines.ray.elastic_resize_interval_s": 2.0})
+    assert result.status == "ok" and len(result.epochs) == 16 and result.test is not None, result.error
+    assert [a.outcome for a in result.attempts] == ["ok"], result.attempts  # no project retry
+    sizes = [e["world_size"] for e in ckpt.world_sizes(cell.root)]  # each start of the workers
+    assert sizes[0] == 2 and sizes[-1] == 2 and set(sizes) <= {1, 2}, sizes  # back to full size at the end
+    fault = result.fault
+    assert fault["recovered_by"] == "platform" and fault["restarted"], fault
+    assert len(result.placements) == 2, result.placements  # the final group: both hosts again
+    assert fault.get("grew_back", True) is True, fault
+    print(f"\nray elastic, h1 back after 20 s: world sizes {sizes}, full size again "
+          f"{fault.get('seconds_return_to_full_size')}s after the return; test took {took:.0f}s")
