@@ -113,7 +113,7 @@ def test_a_slow_host_makes_its_rank_compute_slower_and_the_other_wait(tmp_path, 
 def test_a_slow_link_and_local_sgd(fault, strategy, fraction, tmp_path, make_config, imdb_dir, bert_tiny_dir):
     """slow_link: h1's link at a tenth of 1 Gbit/s for the cell: the gradients (~17 MB a step) cross
     the slow wire, so every rank's communication outweighs its compute, and the link is back at
-    1 Gbit/s after; local SGD under a slow host: its rank still computes slower."""
+    1 Gbit/s after; local SGD under a slow host: the ranks still step in lockstep."""
     from pipelines.cluster import lifecycle
     from pipelines.config import save_config
     from pipelines.run import stages
@@ -137,6 +137,9 @@ def test_a_slow_link_and_local_sgd(fault, strategy, fraction, tmp_path, make_con
         assert result.straggler["rate_bits_per_second"] == 10**8 and result.straggler["base_assumed"] is False
         if strategy == "default":  # 17 MB of gradients per step over 100 Mbit/s: the wire is the step
             assert all(r.communication_per_step_s > r.compute_per_step_s for r in by_host.values()), result.rank_steps
-    else:
-        assert by_host["h1"].compute_per_step_s > 1.5 * by_host["h0"].compute_per_step_s, result.rank_steps
+    else:  # local SGD still meets the slow rank every step (DDP broadcasts buffers in each forward): the
+        # fast rank's wait lands in its forward (compute) more than in the averaging; they march in lockstep
+        assert result.straggler["throttled_seconds"] > 1, result.straggler
+        fast, slow = by_host["h0"].step_p50_s, by_host["h1"].step_p50_s
+        assert abs(fast - slow) < 0.25 * max(fast, slow), result.rank_steps
     assert after == {h: ("-1", 10**9, 10**9) for h in ("h0", "h1")}, after
