@@ -174,7 +174,7 @@ def test_memory_limit_kills_a_host_that_allocates_too_much():
 def test_stop_removes_everything_and_is_idempotent():
     cluster = EmulatedCluster("tstop", hosts=2, network="1gbit").start()
     sleeper = cluster.hosts[0].run(["sleep", "600"])
-    assert len(_leftovers(cluster.prefix)) == 3 + 6  # 3 namespaces, 2 hosts x 3 cgroups (cpuset, memory, cpuacct)
+    assert len(_leftovers(cluster.prefix)) == 3 + 8  # 3 namespaces, 2 hosts x 4 cgroups (cpuset, memory, cpuacct, cpu)
     cluster.stop()
     cluster.stop()
     assert _leftovers(cluster.prefix) == []
@@ -221,7 +221,7 @@ def test_a_sigkilled_owner_is_swept_by_the_next_start():
     finally:
         owner.send_signal(signal.SIGKILL)
         owner.wait(timeout=10)
-    assert len(_leftovers(prefix)) == 2 + 3  # switch + host namespace, the host's 3 cgroups
+    assert len(_leftovers(prefix)) == 2 + 4  # switch + host namespace, the host's 4 cgroups
     assert sweep(prefix_pattern=rf"^bmc({os.getpid()})-") == []  # a live owner (us) is never touched
     with EmulatedCluster("tnext", hosts=1, network="unshaped"):
         assert _leftovers(prefix) == []
