@@ -132,3 +132,21 @@ def test_a_re_report_is_not_a_new_run(make_config, store, tmp_path):
     night3, _ = _finished_run(config, "night-3")
     out = check_regression(config, night3)
     assert out["baseline_runs"] == ["night-1", "night-2"] and out["baseline_run_name"] == "night-2"
+
+
+def test_a_run_under_a_fault_is_compared_only_with_runs_under_the_same_fault(make_config, store):
+    """A straggler run shares its healthy twin's fingerprint (the report finds the twin by it) but is
+    never its baseline, nor is the twin the straggler run's: a 3x slower slow_host run passes as the
+    first of its kind, and the next healthy run is judged against the healthy one only."""
+    common = dict(backends=["ddp"], worker_counts=[2], mlflow_tracking_uri=store,
+                  mlflow_experiment="regression-fault", cluster={"kind": "emulated", "hosts": 2})
+    healthy = make_config(**common)
+    slow = make_config(**common, fault="slow_host")
+    assert slow.fingerprint() == healthy.fingerprint()
+    _finished_run(healthy, "night-1")
+    straggler, _ = _finished_run(slow, "slow-1", slow=3.0)
+    out = check_regression(slow, straggler)
+    assert out["status"] == "baseline" and out["baseline_run_id"] is None
+    night2, _ = _finished_run(healthy, "night-2")
+    out = check_regression(healthy, night2)
+    assert out["status"] == "passed" and out["baseline_runs"] == ["night-1"]

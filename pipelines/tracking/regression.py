@@ -63,7 +63,7 @@ def _started(run) -> float:
 
 
 def comparable_runs(client, config: BenchmarkConfig, paths: RunPaths, hardware: str) -> list:
-    """Earlier successful parent runs of the same fingerprint and hardware class, oldest first."""
+    """Earlier successful parent runs of the same fingerprint, hardware class and fault, oldest first."""
     exp = client.get_experiment_by_name(config.tracking.mlflow_experiment)
     if exp is None:
         return []
@@ -77,6 +77,10 @@ def comparable_runs(client, config: BenchmarkConfig, paths: RunPaths, hardware: 
     eligible = [r for r in runs
                 if r.info.run_id != own and r.data.tags.get(TAG_RUN_DIR) != own_dir  # not this run
                 and r.data.tags.get(TAG_HARDWARE) == hardware
+                # a run under an injected fault (slow host, lost host) is no yardstick for a healthy one, nor
+                # the other way round: the fault is not in the fingerprint (a straggler run finds its healthy
+                # twin by it), so it is compared here
+                and r.data.params.get("fault", "none") == config.matrix.fault
                 and r.data.tags.get(TAG_REGRESSION) != "failed"  # a regressed run is no yardstick
                 and r.data.tags.get(TAG_BASELINE_ELIGIBLE) != "false"  # relaxed data contract
                 and _started(r) < started]
