@@ -44,14 +44,16 @@ from pipelines.runfolder.paths import CellPaths
 log = logging.getLogger(__name__)
 POLL_S = 0.1
 LOSSES = ("host_loss", "host_return")
-RETURNED_GRACE_S = 30.0  # after the launch: the returned agent's own exit barrier
-# (cell folder, host name) -> (command, environment, log): what a returning host runs again
-_RESTARTS: dict[tuple[str, str], tuple[list[str], dict, object]] = {}
+RETURNED_GRACE_S = 30.0  # after the launch: the returned agent's own exit barrier (torchrun's)
+# (cell folder, host name) -> (command, environment, log, grace s): what a returning host runs again
+_RESTARTS: dict[tuple[str, str], tuple[list[str], dict, object, float]] = {}
 
 
-def offer_restart(cell: CellPaths, host, cmd: list[str], env, log_path) -> None:
-    """A platform's launch: ``cmd`` is what ``host`` runs again when it comes back (host_return)."""
-    _RESTARTS[(str(cell.root), host.name)] = (list(cmd), dict(env), log_path)
+def offer_restart(cell: CellPaths, host, cmd: list[str], env, log_path, grace_s: float = RETURNED_GRACE_S) -> None:
+    """A platform's launch: ``cmd`` is what ``host`` runs again when it comes back (host_return);
+    ``grace_s``: how long it may take to leave by itself once the launch ended (0: an agent that
+    never does, e.g. a Ray node, stopped at once)."""
+    _RESTARTS[(str(cell.root), host.name)] = (list(cmd), dict(env), log_path, grace_s)
 
 
 def withdraw_restarts(cell: CellPaths) -> None:
@@ -117,6 +119,7 @@ class HostLoss:
         self.lost_at: float | None = None
         self.timed_out = False
         self.returned: subprocess.Popen | None = None
+        self.returned_grace_s = RETURNED_GRACE_S
         self.returned_tee: Tee | None = None
         self.thread = threading.Thread(target=self._watch, name="host-loss", daemon=True)
 
@@ -166,13 +169,15 @@ class HostLoss:
 
     def _lose(self, where: tuple[int, int, int]) -> None:
         self.lost_at = time.time()
-        killed = _kill_host(self.victim)
-        log.warning("fault %s: killed %d process(es) of %s (%s) at epoch %d step %d/%d", self.kind, len(killed),
-                    self.victim.name, self.victim_role, *where)
+        # the record first: a launch that fails within the kill still finds it to note its outcome in
         atomic_write_json(fault_file(self.cell), {
             "kind": self.kind, "host": self.victim.name, "victim": self.victim_role, "epoch": where[0],
-            "step": where[1], "steps": where[2], "at": self.lost_at, "killed_pids": killed,
+            "step": where[1], "steps": where[2], "at": self.lost_at, "killed_pids": [],
             "deadline_s": self.deadline_s, "last_checkpoint_at": _last_checkpoint_at(self.cell)})
+        killed = _kill_host(self.victim)
+        _update(self.cell, {"killed_pids": killed})
+        log.warning("fault %s: killed %d process(es) of %s (%s) at epoch %d step %d/%d", self.kind, len(killed),
+                    self.victim.name, self.victim_role, *where)
 
     def _return(self) -> None:
         """The host is back: start its agent again if the platform offered one, else say so."""
@@ -185,7 +190,7 @@ class HostLoss:
             log.warning("fault host_return: %s", why)
             _update(self.cell, {**fields, "restarted": None, "not_restarted": why})
             return
-        cmd, env, log_path = offered
+        cmd, env, log_path, self.returned_grace_s = offered
         log.warning("fault host_return: %s is back after %.0fs: starting its agent again", self.victim.name,
                     self.return_after_s)
         self.returned = self.victim.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -199,7 +204,7 @@ class HostLoss:
         if self.returned is None:
             return
         try:
-            code = self.returned.wait(RETURNED_GRACE_S)
+            code = self.returned.wait(self.returned_grace_s)
         except subprocess.TimeoutExpired:
             stop_tree([self.returned], 5.0)
             code = self.returned.returncode
@@ -238,6 +243,10 @@ def inject(config, cell: CellPaths, hosts: list | None, attempt: int, platform: 
         raise cls(f"{platform} lost host {loss.victim.name} in epoch {matrix.fault_epoch} and did not "
                   f"recover by its own means ({why}): {type(err).__name__}: {str(err)[-600:]}") from err
     else:
+        if loss.timed_out:  # the launch returned because the deadline stopped it (a Ray driver exits 0 then)
+            _update(cell, {"platform_outcome": "timed_out", "platform_error": "stopped at the recovery deadline"})
+            raise RecoveryTimeout(f"{platform} lost host {loss.victim.name} in epoch {matrix.fault_epoch} and did "
+                                  f"not recover by its own means (no recovery within {loss.deadline_s:.0f}s)")
         if loss.lost_at is not None:
             _update(cell, {"platform_outcome": "recovered", "recovery_seconds": time.time() - loss.lost_at})
     finally:
@@ -275,7 +284,9 @@ def _world_sizes(cell: CellPaths, loss: dict) -> dict:
         "world_size_after_loss": after[0]["world_size"] if after else None,
         "seconds_to_train_again": after[0]["first_step_at"] - loss["at"] if after else None,
         "resumed_after_loss_from_epoch": after[0]["epoch"] if after else None,
-        "world_size_after_return": after_return[0]["world_size"] if after_return else None,
+        # the group that trained after the return: the grown one, else the last (a group of the
+        # survivors whose first step only came after the return is not "after the return")
+        "world_size_after_return": (grown or after_return[-1])["world_size"] if after_return else None,
         "grew_back": grown is not None if returned_at is not None else None,
         "seconds_return_to_full_size": grown["first_step_at"] - returned_at if grown else None,
     }

@@ -16,6 +16,7 @@ import logging
 from pathlib import Path
 
 from pipelines.report.tables import _md_table, _text
+from pipelines.runfolder.paths import CellPaths, RunPaths
 from pipelines.runfolder.results import CellResult
 
 log = logging.getLogger(__name__)
@@ -143,7 +144,7 @@ def healthy_references(run_root: Path, fingerprint: str, names: list[str]) -> di
         if config.matrix.fault != "none" or config.fingerprint() != fingerprint:
             continue
         for name in names:
-            path = config_file.parent / "cells" / name / "result.json"
+            path = CellPaths(RunPaths(config_file.parent).cells / name).result
             try:
                 result = CellResult.read(path)
             except (OSError, ValueError):

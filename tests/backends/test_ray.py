@@ -62,7 +62,7 @@ def ray_cells(trained):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("workers", [pytest.param(1, marks=pytest.mark.heavy), 2])  # 1 worker: heavy (CI under 45 min; 2 covers the path)
 def test_ray_cell_returns_a_complete_result(ray_cells, run_paths, workers):
     result = ray_cells(workers)
     assert result.status == "ok" and result.error is None
@@ -84,7 +84,7 @@ def test_ray_cell_returns_a_complete_result(ray_cells, run_paths, workers):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("workers", [pytest.param(1, marks=pytest.mark.heavy), 2])  # 1 worker: heavy (CI under 45 min; 2 covers the path)
 def test_ray_runs_the_same_training_as_ddp(ray_cells, trained, workers):
     ray, ddp = ray_cells(workers), trained("ddp", workers)
     for er, ed in zip(ray.epochs, ddp.epochs, strict=True):

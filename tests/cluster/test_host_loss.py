@@ -64,6 +64,20 @@ def test_a_platform_that_does_not_recover_fails_at_the_deadline(tmp_path):
         assert loss is None
 
 
+def test_a_launch_that_returns_normally_once_stopped_at_the_deadline_is_no_recovery(tmp_path):
+    """A stopped Ray driver exits 0: the deadline's stop, not the platform, ended the launch."""
+    cell = RunPaths(tmp_path / "r").cell("ray", 2, 0)
+    cell.root.mkdir(parents=True)
+    config = SimpleNamespace(matrix=SimpleNamespace(fault="host_loss", fault_epoch=1, recovery_deadline_s=1.0))
+    hosts = [_FakeHost("h0"), _FakeHost("h1")]
+    with pytest.raises(faults.RecoveryTimeout, match=r"ray lost host h1 .*no recovery within 1s"):
+        with faults.inject(config, cell, hosts, attempt=1, platform="ray"):
+            attempts.beat(cell, 1, 3, 6)
+            assert hosts[0].stopped.wait(20), "the deadline should stop the cell's hosts"
+    record = faults.record(cell, [], 0)
+    assert record["platform_outcome"] == "timed_out" and record["recovered_by"] == "none"
+
+
 def test_a_returned_host_without_an_agent_to_start_is_recorded_as_such(tmp_path):
     """host_return on a platform that offered nothing to start again (not elastic torchrun): the loss
     as host_loss, then the record says nothing was restarted; coordinator = the first host."""

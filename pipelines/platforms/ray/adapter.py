@@ -135,8 +135,10 @@ class RayBackend(TrainingBackend):
             ray_hosts.launch(spec, launch_time, hosts)
             return
         options, joined = self._join_options(spec)
-        ray_hosts.drive_standing(spec, launch_time, hosts, options["address"], joined,
-                                 standing.state(spec.paths)["nodes"])
+        found = standing.state(spec.paths) or {}
+        returns = {host.name: (*again, standing.folder(spec.paths) / f"{host.name}-returned.log")
+                   for host in hosts[1:] if (again := standing.node_command(found, spec.config, host.name))}
+        ray_hosts.drive_standing(spec, launch_time, hosts, options["address"], joined, found["nodes"], returns)
 
     @staticmethod
     def _shutdown(local: bool) -> None:

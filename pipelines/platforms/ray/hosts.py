@@ -240,7 +240,7 @@ def offer_return(cell, host: Any, argv: list[str], env: Mapping[str, str], log_p
     """``fault=host_return``: what ``host`` runs when it comes back (``pipelines.measure.faults``
     starts it): its node's ``ray start --address=<head> --block`` again, which joins the cluster;
     an elastic worker group then grows back within ``engines.ray.elastic_resize_interval_s``."""
-    faults.offer_restart(cell, host, argv, dict(env), log_path)
+    faults.offer_restart(cell, host, argv, dict(env), log_path, grace_s=0.0)  # a Ray node never leaves by itself
 
 
 def launch(spec: CellSpec, launch_time: float, hosts: Sequence[Any]) -> None:
@@ -261,18 +261,17 @@ def launch(spec: CellSpec, launch_time: float, hosts: Sequence[Any]) -> None:
 
 
 def drive_standing(spec: CellSpec, launch_time: float, hosts: Sequence[Any], address: str,
-                   joined: Mapping[str, str], nodes: int) -> None:
+                   joined: Mapping[str, str], nodes: int,
+                   returns: Mapping[str, tuple[list[str], dict, Path]] | None = None) -> None:
     """The cell's driver on hosts[0] joining the run's standing cluster at ``address`` (``nodes``
-    nodes; ``joined``: its token), teed to train.log; the cluster stays."""
-    from pipelines.platforms.ray import standing  # it imports this module
-
+    nodes; ``joined``: its token), teed to train.log; the cluster stays. ``returns``: per host
+    name, the standing node's ``ray start`` (argv, env, log) to run again should the host come back
+    (``fault=host_return``; the caller reads them from the standing cluster's state)."""
     host_nproc(spec.world_size, len(hosts))
     argv = driver_argv(spec.cell_dir, launch_time, address, nodes)
-    found = standing.state(spec.paths) or {}
-    for host in hosts[1:]:  # host_return: the standing cluster's node on it, started again
-        again = standing.node_command(found, spec.config, host.name)
-        if again:
-            offer_return(spec.cell, host, again[0], again[1], standing.folder(spec.paths) / f"{host.name}-returned.log")
+    for host in hosts[1:]:
+        if returns and host.name in returns:
+            offer_return(spec.cell, host, *returns[host.name])
     try:
         execute_on_hosts([argv], {**process_env(), **joined}, hosts[:1], [spec.cell.log], what="the Ray driver")
     except RuntimeError as err:
