@@ -113,6 +113,7 @@ def test_a_cell_failing_every_try_fails_the_command(tmp_path, imdb_dir, bert_tin
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # 37 s in CI; preflight's own checks per cell: tests/test_settings_bounds.py (fast)
 def test_train_checks_only_the_cell_it_trains(tmp_path, imdb_dir, bert_tiny_dir):
     """The run's determined cells could not take powersgd; training a ddp cell does not care."""
     proc = cli("train", "--backend", "ddp", "--workers", "2", "--strategy", "powersgd-r2", "--profile", "smoke",

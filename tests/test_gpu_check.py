@@ -329,6 +329,7 @@ def test_compiled_whole_step_matches_the_loop_step():
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # 17 s in CI; the tiny CPU check end to end (above) stays there
 def test_gpu_command_tiny_on_cpu_whole_step_trains_as_the_loop(tmp_path):
     """`gpu_check.sh gpu --tiny --device cpu`: the device command's flow (shards already there)
     with the loop's cell beside the whole-step cell; dropout off in the model config so both

@@ -138,6 +138,7 @@ def test_cluster_options_and_worker_environment():
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # 71 s in CI: ddp's killed-and-resumed cell covers the loop's resume there; Ray's restore: here
 def test_ray_cell_killed_after_epoch_1_resumes_from_rays_checkpoint(ray_cells, trained, bench_config,
                                                                    run_paths, tmp_path):
     """Kill the driver's whole process tree (Ray cluster included) after epoch 1's checkpoint

@@ -49,7 +49,7 @@ def _elastic_cell(tmp_path, make_config, imdb_dir, bert_tiny_dir, *, per_class: 
 @pytest.mark.slow
 @pytest.mark.skipif(_NO_NETNS is not None, reason=str(_NO_NETNS))
 def test_elastic_torchrun_goes_on_without_a_lost_worker_host(tmp_path, make_config, imdb_dir, bert_tiny_dir):
-    result, cell, took = _elastic_cell(tmp_path, make_config, imdb_dir, bert_tiny_dir, per_class=48, seq=32,
+    result, cell, took = _elastic_cell(tmp_path, make_config, imdb_dir, bert_tiny_dir, per_class=96, seq=32,
                                        epochs=3, fault="host_loss")
     fault = result.fault
     assert result.status == "ok" and len(result.epochs) == 3, result.error
@@ -57,7 +57,10 @@ def test_elastic_torchrun_goes_on_without_a_lost_worker_host(tmp_path, make_conf
     assert fault["recovered_by"] == "platform" and fault["platform_action"] == "shrank", fault
     assert fault["host"] == "h1" and fault["victim"] == "worker" and fault["epoch"] == 2
     assert (fault["world_size_before"], fault["world_size_after_loss"]) == (2, 1), fault
-    assert fault["world_sizes"] == [[0, 2], [1, 1]] and fault["resumed_from_epoch"] == 1
+    # the loss is injected half-way through epoch 2; on a loaded machine the kill can land after that
+    # epoch's checkpoint (an epoch here is ~1 s): the survivor then resumes from epoch 2, not 1
+    assert fault["resumed_from_epoch"] in (1, 2), fault
+    assert fault["world_sizes"] == [[0, 2], [fault["resumed_from_epoch"], 1]], fault
     assert 0 < fault["recovery_seconds"] < fault["deadline_s"]
     assert result.platform_mode == "torchrun-elastic-2-nodes"
     assert result.test is not None and 0.0 <= result.test.accuracy <= 1.0

@@ -105,6 +105,7 @@ def test_a_sigkilled_cli_takes_its_cluster_with_it(tmp_path, make_config):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # 40 s in CI: the SIGKILLed CLI's cluster (above) and every platform's SIGTERM cases stay there
 def test_sigterm_during_a_cluster_run_exits_143_and_leaves_nothing(tmp_path, imdb_dir, bert_tiny_dir):
     from tests import fault_injection
 

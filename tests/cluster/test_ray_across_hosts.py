@@ -106,6 +106,7 @@ _NO_NETNS = why_unavailable()
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # 45 s in CI: Ray in CI runs locally and as a standing cluster (tests/backends/test_lifetimes.py)
 @pytest.mark.skipif(_NO_NETNS is not None, reason=str(_NO_NETNS))
 def test_a_ray_cell_across_two_emulated_hosts(tmp_path, imdb_dir, bert_tiny_dir):
     from pipelines.run.cells import run_cell

@@ -123,7 +123,10 @@ _NO_NETNS = why_unavailable()
 
 @pytest.mark.slow
 @pytest.mark.skipif(_NO_NETNS is not None, reason=str(_NO_NETNS))
-@pytest.mark.parametrize("backend", ["spark_per_job", pytest.param("spark_dataframe_per_job", marks=pytest.mark.heavy)])
+# both heavy (spark_per_job: 60 s in CI): CI keeps Spark on a standalone cluster in tests/backends/test_spark_dataframe.py
+# and tests/scaleout/test_spark_cluster.py, and emulated hosts with ddp, determined, elastic ddp and the stragglers
+@pytest.mark.heavy
+@pytest.mark.parametrize("backend", ["spark_per_job", "spark_dataframe_per_job"])
 def test_a_spark_cell_across_two_emulated_hosts(backend, tmp_path, imdb_dir, bert_tiny_dir):
     from pipelines.run.cells import run_cell
     from pipelines.cluster import EmulatedCluster

@@ -200,6 +200,7 @@ def test_a_local_zero_cell_trains_like_ddp(stage, reference_run, imdb_dir, bert_
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # 34 s in CI: the ZeRO cells stay there; resuming a failed attempt: ddp's test in CI
 def test_a_failed_attempt_resumes_from_deepspeeds_checkpoint(reference_run, imdb_dir, bert_tiny_dir, monkeypatch):
     """Rank 0 fails at the end of epoch 1 on the first try; the project's retry resumes from the
     checkpoint (DeepSpeed's load_checkpoint on every rank) and ends where an unbroken cell does."""

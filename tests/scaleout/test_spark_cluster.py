@@ -83,6 +83,7 @@ def test_spark_backend_trains_on_the_cluster_like_local_ddp(spark_cluster, scale
     assert_same_training(result, single_node_w2)
 
 
+@pytest.mark.heavy  # 24 s in CI, beside the cluster test above that CI keeps
 def test_more_processes_than_cluster_slots_is_refused_not_hung(spark_cluster, scaleout_config,
                                                                 scaleout_paths, monkeypatch):
     from pipelines.platforms.spark import distributor as spark  # SLOT_WAIT_S
