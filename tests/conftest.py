@@ -172,6 +172,24 @@ def _no_tracking_uri_from_earlier_modules():
     os.environ.pop("MLFLOW_TRACKING_URI", None)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _no_spark_jvm_left_by_a_module(request):
+    """A module that leaves py4j's gateway JVM running (a SparkSession stopped without
+    ``stop_spark(jvm=True)``) would put a JVM beside every later test's timed cell: it fails here,
+    named. tests/data shares one session across its modules (its package fixture ends it)."""
+    yield
+    if "pyspark" not in sys.modules or "tests/data/" in request.node.nodeid:
+        return
+    from pyspark import SparkContext
+
+    if SparkContext._gateway is not None:
+        from pipelines.engines.spark_session import stop_spark
+
+        stop_spark(jvm=True)  # end it: the next module starts clean
+        pytest.fail(f"{request.node.nodeid} leaves py4j's gateway JVM running: stop its SparkSession with "
+                    "pipelines.engines.spark_session.stop_spark(jvm=True)", pytrace=False)
+
+
 @pytest.fixture(autouse=True)
 def _no_leaked_tracking_uri(monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)

@@ -92,7 +92,7 @@ def cluster(tmp_path_factory):
         yield SimpleNamespace(url=url, paths=own, seen=seen)
     finally:
         spark_cluster.SWEEP_MIN_AGE_S = min_age
-        stop_spark()
+        stop_spark(jvm=True)
         for paths in (own, tied, dag):
             spark_cluster.stop(paths)
 

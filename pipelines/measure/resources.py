@@ -98,7 +98,7 @@ def _kind_of(pid: int, name: str) -> str:
 
 
 def _proc_table() -> dict[int, tuple]:
-    """pid -> (ppid, name, user + system CPU seconds, start (ticks after boot), RSS bytes) of every
+    """pid -> (ppid, name, user + system CPU seconds, start (ticks after boot), RSS bytes) of every live
     process: one read of /proc/<pid>/stat each (proc(5): fields 4, 2, 14 + 15, 22, 24)."""
     out = {}
     for entry in os.scandir("/proc"):
@@ -109,6 +109,8 @@ def _proc_table() -> dict[int, tuple]:
         if data:
             close = data.rindex(b")")
             f = data[close + 2:].split()
+            if f[0] == b"Z":  # exited, not yet reaped by its parent: nothing of it runs any more
+                continue
             out[int(entry.name)] = (int(f[1]), data[data.index(b"(") + 1:close].decode(errors="replace"),
                                     (int(f[11]) + int(f[12])) / _TICK, int(f[19]), int(f[21]) * _PAGE)
     return out

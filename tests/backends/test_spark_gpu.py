@@ -30,7 +30,7 @@ def session():
         return get_spark("local[2]", app_name="gpu-conf", conf=conf, fresh=True)
 
     yield start
-    stop_spark()
+    stop_spark(jvm=True)  # py4j's gateway JVM too: nothing of this test beside later cells
 
 
 def test_gpu_conf_local_gives_the_driver_its_gpus_cluster_one_per_task(fake_discovery):

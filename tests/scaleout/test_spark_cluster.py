@@ -20,15 +20,6 @@ from pipelines.runfolder.paths import RunPaths
 pytestmark = pytest.mark.slow
 
 
-def _stop_session_on(master: str) -> None:
-    from pyspark import SparkContext
-    from pyspark.sql import SparkSession
-
-    running = SparkContext._active_spark_context
-    if running is not None and running.master == master:
-        SparkSession.builder.getOrCreate().stop()
-
-
 @pytest.fixture(scope="module")
 def spark_cluster(tmp_path_factory):
     """-> (master URL, folder with master/worker logs and the workers' work dirs): the project's
@@ -40,8 +31,10 @@ def spark_cluster(tmp_path_factory):
     try:
         yield url, paths.spark_cluster
     finally:
+        from pipelines.engines.spark_session import stop_spark
+
         try:
-            _stop_session_on(url)  # before the master goes: the next test gets a local session
+            stop_spark(jvm=True)  # before the master goes; py4j's gateway JVM too: none beside later cells
         finally:
             cluster.stop(paths)
 
