@@ -4,6 +4,8 @@ this environment's installed distributions) and the evidence each platform names
 from __future__ import annotations
 
 import ast
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -12,7 +14,7 @@ import pytest
 
 from pipelines import platforms
 from pipelines.measure import footprint
-from pipelines.measure.listeners import is_loopback, listening
+from pipelines.measure.listeners import LOOPBACK_ONLY_NAMESPACE, is_loopback, listening
 from pipelines.measure.resources import sample
 from pipelines.report.what_it_takes import what_it_takes_markdown
 from pipelines.runfolder.paths import PROJECT_ROOT
@@ -57,6 +59,27 @@ def test_the_ports_a_process_listens_on_are_read_from_proc():
         proc.kill()
         proc.wait()
     assert not is_loopback("0.0.0.0:80") and is_loopback("::1:80")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare --net")
+def test_a_listener_in_a_loopback_only_namespace_is_counted_as_loopback():
+    """A cell's private namespace (torchrun.isolated) has only lo: its wildcard listener is reachable
+    from nowhere else, and says so; the same bind beside us is beyond loopback."""
+    code = "import socket,time; s=socket.socket(); s.bind(('0.0.0.0', 0)); s.listen(); time.sleep(30)"
+    inside = subprocess.Popen(["unshare", "--net", "--", "/bin/sh", "-c", 'ip link set lo up && exec "$@"', "sh",
+                               sys.executable, "-c", code])
+    beside = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 20
+        while len(found := listening([inside.pid, beside.pid])) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        (private,), (shared,) = found[inside.pid], found[beside.pid]
+        assert private.startswith("0.0.0.0:") and private.endswith(LOOPBACK_ONLY_NAMESPACE) and is_loopback(private)
+        assert shared.startswith("0.0.0.0:") and not is_loopback(shared)
+    finally:
+        for proc in (inside, beside):
+            proc.kill()
+            proc.wait()
 
 
 def test_the_sampler_counts_the_processes_started_in_the_window_and_their_ports(tmp_path):

@@ -38,7 +38,7 @@ from collections.abc import Iterator
 
 from pipelines.cluster.processes import Tee, sigkill, stop_tree
 from pipelines.measure import attempts
-from pipelines.runfolder.fileio import atomic_write_json
+from pipelines.runfolder.fileio import atomic_write_json, read_json_list
 from pipelines.runfolder.paths import CellPaths
 
 log = logging.getLogger(__name__)
@@ -91,10 +91,7 @@ WORLD_SIZES = "world_sizes.json"
 
 def _starts(cell: CellPaths) -> list[dict]:
     """Each start of the cell's workers, noted by rank 0 (``checkpoint.note_world_size``)."""
-    try:
-        return list(json.loads((cell.root / WORLD_SIZES).read_text()))
-    except (FileNotFoundError, ValueError):
-        return []
+    return read_json_list(cell.root / WORLD_SIZES)
 
 
 def _last_checkpoint_at(cell: CellPaths) -> float | None:
@@ -185,8 +182,8 @@ class HostLoss:
         now = time.time()
         fields = {"returned_at": now, "return_after_s": self.return_after_s}
         if offered is None:
-            why = (f"{self.platform} offered no agent to start again on {self.victim.name} (only elastic "
-                   "torchrun does here): nothing was restarted")
+            why = (f"{self.platform} offered no agent to start again on {self.victim.name} (elastic torchrun "
+                   "and Ray's nodes do here): nothing was restarted")
             log.warning("fault host_return: %s", why)
             _update(self.cell, {**fields, "restarted": None, "not_restarted": why})
             return

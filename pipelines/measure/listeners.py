@@ -64,24 +64,44 @@ def _netns(pid: int) -> str | None:
         return None
 
 
+# A listener in a network namespace whose only interface is loopback (a cell's private namespace,
+# pipelines/platforms/torchrun.py) is reachable from that namespace alone, whatever address it bound.
+LOOPBACK_ONLY_NAMESPACE = " (loopback-only namespace)"
+
+
+def _only_loopback(pid: int) -> bool:
+    """Is ``pid``'s network namespace one with no interface but ``lo``?"""
+    try:
+        rows = open(f"/proc/{pid}/net/dev").read().splitlines()[2:]
+    except OSError:
+        return False
+    return bool(rows) and all(row.split(":")[0].strip() == "lo" for row in rows)
+
+
 def listening(pids: Iterable[int]) -> dict[int, set[str]]:
-    """pid -> the "address:port"s it listens on (TCP), for each of ``pids`` that listens on any."""
+    """pid -> the "address:port"s it listens on (TCP), for each of ``pids`` that listens on any;
+    in a namespace with loopback only, each followed by LOOPBACK_ONLY_NAMESPACE."""
     tables: dict[str | None, dict[int, str]] = {}
+    private: dict[str, bool] = {}
     out = {}
     for pid in pids:
         ns = _netns(pid)
         if ns is None:
             continue
         if ns not in tables:
-            tables[ns] = _listening_sockets(pid)
+            tables[ns], private[ns] = _listening_sockets(pid), _only_loopback(pid)
         if not tables[ns]:
             continue
-        ports = {tables[ns][i] for i in _socket_inodes(pid) if i in tables[ns]}
+        mark = LOOPBACK_ONLY_NAMESPACE if private[ns] else ""
+        ports = {tables[ns][i] + mark for i in _socket_inodes(pid) if i in tables[ns]}
         if ports:
             out[pid] = ports
     return out
 
 
 def is_loopback(address: str) -> bool:
+    """Reachable from loopback only: bound to a loopback address, or in a loopback-only namespace."""
+    if address.endswith(LOOPBACK_ONLY_NAMESPACE):
+        return True
     host = address.rpartition(":")[0]
     return host.startswith("127.") or host == "::1"

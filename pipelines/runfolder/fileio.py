@@ -54,3 +54,11 @@ def atomic_write_text(path: Path, text: str) -> Path:
 def atomic_write_json(path: Path, data: Any) -> Path:
     """JSON with indent 2; NaN/Infinity are refused (they are not JSON)."""
     return atomic_write_text(path, json.dumps(data, indent=2, allow_nan=False))
+
+
+def read_json_list(path: Path) -> list:
+    """The list a JSON file holds, or [] when it is missing or not whole JSON (never written yet)."""
+    try:
+        return list(json.loads(Path(path).read_text()))
+    except (FileNotFoundError, ValueError):
+        return []

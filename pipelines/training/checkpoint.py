@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipelines.runfolder.fileio import atomic_write, atomic_write_json, atomic_write_text
+from pipelines.runfolder.fileio import atomic_write, atomic_write_json, atomic_write_text, read_json_list
 
 log = logging.getLogger(__name__)
 PATTERN = "epoch-*.pt"
@@ -164,9 +164,4 @@ def note_world_size(cell_dir: Path, epoch: int, world_size: int, first_step_at: 
 
 def world_sizes(cell_dir: Path) -> list[dict]:
     """Every start's ``{"epoch", "world_size", "first_step_at"}`` noted in the cell, oldest first."""
-    import json
-
-    try:
-        return list(json.loads((Path(cell_dir) / WORLD_SIZES).read_text()))
-    except (FileNotFoundError, ValueError):
-        return []
+    return read_json_list(Path(cell_dir) / WORLD_SIZES)
