@@ -11,7 +11,9 @@ import time
 import psutil
 import pytest
 
+from pipelines.measure.listeners import LOOPBACK_ONLY_NAMESPACE
 from pipelines.platforms import torchrun as launch
+from pipelines.platforms.torchrun import isolation_available
 from pipelines.run.cells import run_cell
 from pipelines.platforms.ddp.adapter import DDPBackend
 from pipelines.runfolder.paths import CellPaths
@@ -167,3 +169,14 @@ def test_every_cell_writes_tensorboard_events(trained, run_paths, backend):
                                              for e in result.epochs]
     assert result.epochs[-1].learning_rate < result.epochs[0].learning_rate  # linear decay after warm-up
     assert series("phases/launch_seconds") == [(2, pytest.approx(result.phases["launch"], rel=1e-6))]
+
+
+@pytest.mark.skipif(not isolation_available(), reason="no private network namespace here (unshare refused)")
+@pytest.mark.parametrize("backend", ["ddp", "spark", "determined"])
+def test_a_one_host_cells_ranks_listen_only_in_its_own_namespace(trained, backend):
+    """torchrun (for Spark: TorchDistributor's local mode) and the ranks run in the cell's own network
+    namespace, loopback only: every port they listened on, seen by the resource sampler, is there."""
+    listening = trained(backend, 2).resources.listening
+    ranks = {kind: addresses for kind, addresses in listening.items() if kind in ("torchrun", "rank")}
+    assert ranks, listening  # the store and gloo were seen: the check is not blind
+    assert all(a.endswith(LOOPBACK_ONLY_NAMESPACE) for addresses in ranks.values() for a in addresses), ranks

@@ -3,7 +3,8 @@ the rows through Spark): the cell's own SparkSession inside the timed window, To
 settings, Spark's GPU resources and the task-slot check. The backends pass their own training
 step to ``run_distributor``.
 
-``local_mode`` follows the master: ``local[...]`` -> local mode (torchrun on the driver);
+``local_mode`` follows the master: ``local[...]`` -> local mode (torchrun on the driver, in the
+cell's own network namespace like a ddp cell's: ``isolated_local_torchrun``);
 any other master (``spark://host:7077``) -> barrier mode, one torchrun per Spark task, which
 needs the project importable and pandas/pyarrow on the executors (``spark_env`` handles a
 single machine). Barrier mode with more processes than task slots hangs silently in Spark,
@@ -26,7 +27,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from pipelines.training.cell import CellSpec
@@ -117,9 +119,32 @@ def run_distributor(spec: CellSpec, launch_time: float, train: TrainStep, master
         if not settings["local_mode"]:
             check_task_slots(spec.world_size, task_slots(spark, spec.world_size), master)
         log.info("TorchDistributor(%s) on %s", settings, master)
-        train(spark, TorchDistributor(**settings), spec, launch_time)
+        with isolated_local_torchrun() if settings["local_mode"] else nullcontext():
+            train(spark, TorchDistributor(**settings), spec, launch_time)
     finally:
         stop_spark(jvm=True)  # the driver's JVM ends with the cell: nothing of it beside the next one
+
+
+@contextmanager
+def isolated_local_torchrun() -> Iterator[None]:
+    """In local mode TorchDistributor runs ``torchrun --standalone`` on the driver; here it runs in a
+    network namespace of its own, loopback only (``torchrun.isolated``, as a ddp cell's), so its
+    rendezvous store and gloo listen nowhere else. TorchDistributor builds that command in a private
+    static method it calls by class name: the method is wrapped for the cell, then put back."""
+    from pyspark.ml.torch.distributor import TorchDistributor
+
+    from pipelines.platforms import torchrun
+
+    build = TorchDistributor.__dict__["_create_torchrun_command"]
+
+    def isolated_command(input_params, path_to_train_file, *args):
+        return torchrun.isolated(build.__func__(input_params, path_to_train_file, *args))
+
+    TorchDistributor._create_torchrun_command = staticmethod(isolated_command)
+    try:
+        yield
+    finally:
+        TorchDistributor._create_torchrun_command = build
 
 
 def per_job_refusal(config: BenchmarkConfig, backend: str) -> str | None:
