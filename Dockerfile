@@ -43,6 +43,13 @@ RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
         "$(grep -E '^mlflow==' /tmp/requirements.txt | sed 's/^mlflow/mlflow[auth]/')"; \
     python -c "import torch, airflow, pyspark, mlflow, determined, flask_wtf; print('torch', torch.__version__)"
 
+# iproute2: a training cell brings up the loopback of its own network namespace (unshare + `ip link
+# set lo up`, pipelines/platforms/torchrun.py). A layer of its own, after the pip one, keeps that cached.
+RUN set -eux; \
+    apt-get update; \
+    apt-get install -y --no-install-recommends iproute2; \
+    rm -rf /var/lib/apt/lists/*
+
 # Non-root: every service runs as `bench` (group 0, so an arbitrary uid with gid 0 works too).
 RUN set -eux; \
     useradd --uid "$BENCH_UID" --gid 0 --create-home --home-dir /home/bench --shell /bin/bash bench; \

@@ -78,7 +78,9 @@ def torchrun_args(nproc_per_node: int, *, nnodes: int = 1, node_rank: int = 0, r
     args = ["--nproc-per-node", str(nproc_per_node), "--max-restarts", str(max_restarts),
             "--monitor-interval", "0.1"]
     if nnodes == 1 and not rdzv_endpoint:
-        return ["--standalone", "--nnodes", "1", *args]
+        # --local-addr: the store's address is loopback, not this host's name, which in a cell's own
+        # network namespace (``isolated``) may resolve to an address that is not there (a container's)
+        return ["--standalone", "--nnodes", "1", "--local-addr", "127.0.0.1", *args]
     if not rdzv_endpoint:
         raise ValueError(f"nnodes={nnodes} needs rdzv_endpoint=host:port (node 0)")
     if node_rank >= nnodes:

@@ -58,7 +58,7 @@ proc.wait()
 def test_a_cell_started_by_a_user_who_is_not_root_is_isolated_too(tmp_path):
     """Not root (the compose stack's Celery workers): a user namespace with its own network, as
     ``unshare -rn`` does; a listener on every interface inside it is unreachable from the host."""
-    from pipelines.measure.listeners import listening
+    from pipelines.measure.listeners import LOOPBACK_ONLY_NAMESPACE, listening
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HOME", "XDG"))}
     proc = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c",
@@ -70,7 +70,8 @@ def test_a_cell_started_by_a_user_who_is_not_root_is_isolated_too(tmp_path):
         port, pid = (int(x) for x in proc.stdout.readline().split())
         listener = next(p for p in psutil.Process(pid).children(recursive=True) + [psutil.Process(pid)]
                         if listening([p.pid]))
-        assert listening([listener.pid]) == {listener.pid: {f"0.0.0.0:{port}"}}  # every interface... of its own
+        # every interface... of its own namespace, where there is only loopback (and the sampler says so)
+        assert listening([listener.pid]) == {listener.pid: {f"0.0.0.0:{port}{LOOPBACK_ONLY_NAMESPACE}"}}
         assert os.readlink(f"/proc/{listener.pid}/ns/net") != os.readlink("/proc/self/ns/net")
         for addr in {a.address for addrs in psutil.net_if_addrs().values() for a in addrs if a.family == socket.AF_INET}:
             with pytest.raises(OSError):

@@ -15,7 +15,9 @@ published ports are on that namespace's 127.0.0.1). Standard library only. Steps
        volume, and the server refuses requests without credentials;
    (d) the Benchmarks page answers 401 without login and shows the run with the JWT;
    (e) hardening: no container process runs as root; the published ports listen on loopback only.
-   (f), (g) stack_security.py: the workers' MLflow user's rights; no root or .env mount.
+   (f), (g) stack_security.py: the workers' MLflow user's rights; no root or .env mount;
+   (h) cell_listeners.py: polled inside the Celery workers while cells train, each one-host cell
+       runs in a network namespace of its own, listening on nothing in the worker's.
 
 Exit status 0 when the run succeeded and every check passed, 1 otherwise (message says which).
 """
@@ -308,20 +310,6 @@ def evidence_hardening(stack: Stack) -> tuple[str, dict]:
     return line, {"uids": uids, "listening": addrs}
 
 
-def evidence_benchmarks_page(token: str, run_id: str) -> tuple[str, dict]:
-    status_anon, _ = http("GET", f"{AIRFLOW}/benchmarks/")
-    status, page = http("GET", f"{AIRFLOW}/benchmarks/", headers={"Authorization": f"Bearer {token}"})
-    from_run = run_id.replace(":", "_").replace("+", "_")
-    if status_anon != 401 or status != 200 or "smoke" not in page:
-        raise Check(f"(d) /benchmarks/: without login {status_anon} (want 401), with JWT {status} (want 200 "
-                    f"and the smoke run): {page[:300]}")
-    shows_run = any(part in page for part in (run_id, from_run))
-    line = (f"(d) Benchmarks page /benchmarks/: 401 without login; 200 with the admin's JWT "
-            f"({len(page)} bytes, smoke profile{', run ' + run_id if shows_run else ''})")
-    return line, {"status_without_login": status_anon, "status_with_jwt": status, "bytes": len(page),
-                  "shows_run_id": shows_run}
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--artifacts", type=Path, required=True)
@@ -331,6 +319,7 @@ def main() -> int:
     args = parser.parse_args()
     stack, art = Stack(args.compose), args.artifacts
     sys.modules.setdefault("stack_driver", sys.modules[__name__])  # one Check class for stack_security
+    import cell_listeners
     import stack_security
     result: dict = {"checks": {}}
     lines: list[str] = []
@@ -352,11 +341,16 @@ def main() -> int:
         # cell is checked natively (tests/backends/test_ray.py), not inside the containers.
         conf = {"profile": "smoke", "backends": ["ddp", "spark", "determined"], "worker_counts": [2]}
         result["conf"] = conf
+        watcher = None  # (h) needs the run watched while it trains: not with --run-id
         if args.run_id:
             state = api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{args.run_id}")["state"]
             result["run"] = {"run_id": args.run_id, "state": state, "seconds": None}
         else:
-            result["run"] = trigger_and_wait(api, conf, args.timeout)
+            watcher = cell_listeners.Watcher(sorted(stack.containers("airflow-worker").values())).start()
+            try:
+                result["run"] = trigger_and_wait(api, conf, args.timeout)
+            finally:
+                watcher.stop()
         run_id = result["run"]["run_id"]
         tis = result["task_instances"] = task_instances(api, run_id)
         lines.append(f"dag run {run_id}: {result['run']['state']} in {result['run']['seconds']} s "
@@ -376,10 +370,13 @@ def main() -> int:
                            ("b_spark_cluster", lambda: evidence_spark(stack, api, run_id, tis, {
                                f"train-spark-w{w}-r0": w for b, w in cells if b == "spark"})),
                            ("c_mlflow_store", lambda: evidence_mlflow(stack, run_id, runs)),
-                           ("d_benchmarks_page", lambda: evidence_benchmarks_page(token, run_id)),
+                           ("d_benchmarks_page", lambda: stack_security.evidence_benchmarks_page(token, run_id)),
                            ("e_hardening", lambda: evidence_hardening(stack)),
                            ("f_mlflow_permissions", lambda: stack_security.evidence_mlflow_permissions(stack, runs)),
-                           ("g_mounts", lambda: stack_security.evidence_mounts(stack))):
+                           ("g_mounts", lambda: stack_security.evidence_mounts(stack)),
+                           ("h_cell_listeners", lambda: cell_listeners.evidence(watcher, cells, Check))):
+            if key.startswith("h_") and watcher is None:
+                continue
             line, detail = check()
             lines.append(line)
             result["checks"][key] = detail

@@ -1,7 +1,8 @@
-"""Evidence (f) and (g) of stack_driver.py: who may do what in MLflow, and what the containers
-see of the project folder. Standard library only (run by stack_driver.py, inside the stack's
+"""Evidence (d), (f) and (g) of stack_driver.py: who may see the Benchmarks page, who may do
+what in MLflow, and what the containers see of the project folder. Standard library only (run by stack_driver.py, inside the stack's
 network namespace).
 
+(d) the Benchmarks page answers 401 without login and shows the run with the admin's JWT;
 (f) the Celery workers log to MLflow as their own user (MLFLOW_WORKER_USERNAME, created by the
     mlflow-init service), never as the admin: with that user's credentials, creating an experiment
     is refused (403 PERMISSION_DENIED) and nothing is created, while the benchmark's experiment
@@ -19,7 +20,7 @@ import time
 from pathlib import Path
 from urllib.parse import quote
 
-from stack_driver import MLFLOW, Check, Stack, http
+from stack_driver import AIRFLOW, MLFLOW, Check, Stack, http
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -98,3 +99,17 @@ def evidence_mounts(stack: Stack) -> tuple[str, dict]:
     line = (f"(g) {len(mounts)} containers: none bind-mounts the project root or an env file "
             f"(bind mounts: {', '.join(binds)}); /opt/project/.env exists in none")
     return line, {"bind_mounts": mounts}
+
+
+def evidence_benchmarks_page(token: str, run_id: str) -> tuple[str, dict]:
+    status_anon, _ = http("GET", f"{AIRFLOW}/benchmarks/")
+    status, page = http("GET", f"{AIRFLOW}/benchmarks/", headers={"Authorization": f"Bearer {token}"})
+    from_run = run_id.replace(":", "_").replace("+", "_")
+    if status_anon != 401 or status != 200 or "smoke" not in page:
+        raise Check(f"(d) /benchmarks/: without login {status_anon} (want 401), with JWT {status} (want 200 "
+                    f"and the smoke run): {page[:300]}")
+    shows_run = any(part in page for part in (run_id, from_run))
+    line = (f"(d) Benchmarks page /benchmarks/: 401 without login; 200 with the admin's JWT "
+            f"({len(page)} bytes, smoke profile{', run ' + run_id if shows_run else ''})")
+    return line, {"status_without_login": status_anon, "status_with_jwt": status, "bytes": len(page),
+                  "shows_run_id": shows_run}

@@ -154,3 +154,15 @@ def test_no_container_mounts_the_project_root_or_env(stack_run):
     assert len(mounts) >= 12  # 11 running + the one-shot init services
     assert all(not m.split(":")[0].endswith(".env") for ms in mounts.values() for m in ms)
     assert all(m.split(":")[0] != str(ROOT) for ms in mounts.values() for m in ms)
+
+
+def test_one_host_cells_listen_only_in_their_own_namespace_inside_the_celery_workers(stack_run):
+    """Polled from inside each Celery worker while the DAG trained (cell_listeners.py): every ddp
+    and Determined cell was seen, each process of it in a network namespace that is not the
+    worker's, and none of them listened in the worker's namespace (torchrun's store and gloo did,
+    in the cell's own, where only its loopback is)."""
+    check = stack_run[0]["checks"]["h_cell_listeners"]
+    one_host = {f"{b}-w{w}-r0" for b, w in _cells(stack_run) if b in ("ddp", "determined")}
+    assert one_host and one_host <= set(check["cells"])
+    assert all(c["isolated"] and not c["in_container"] for c in check["cells"].values())
+    assert any(c["own"] for name, c in check["cells"].items() if name in one_host)  # seen listening: not blind
