@@ -329,15 +329,16 @@ def test_nothing_runs_as_root():
 
 def test_celery_workers_may_unshare_for_their_cells_and_keep_no_capability():
     """The workers' seccomp profile lets a cell make its own user + network namespace (the stack
-    test sees the cells run there) and refuses, on every ABI of the machine, the calls Docker's
-    default profile keeps from a container without CAP_SYS_ADMIN that a cell never needs."""
+    test sees the cells run there) and a driver enter the run's (setns: a worker without capability
+    enters only namespaces of a user namespace it made), and refuses, on every ABI of the machine,
+    the calls Docker's default profile keeps from a container without CAP_SYS_ADMIN that a cell never needs."""
     worker = render(secrets_env())["services"]["airflow-worker"]
     assert worker["security_opt"] == ["seccomp=./docker/seccomp/cells.json"] and worker["cap_drop"] == ["ALL"]
     profile = json.loads((ROOT / "docker" / "seccomp" / "cells.json").read_text())
     denied = {name for rule in profile["syscalls"] if rule["action"] == "SCMP_ACT_ERRNO" for name in rule["names"]}
-    assert profile["defaultAction"] == "SCMP_ACT_ALLOW" and not {"unshare", "clone"} & denied
+    assert profile["defaultAction"] == "SCMP_ACT_ALLOW" and not {"unshare", "clone", "setns"} & denied
     assert {"mount", "umount2", "pivot_root", "init_module", "finit_module", "kexec_load", "bpf", "keyctl",
-            "perf_event_open", "userfaultfd", "open_by_handle_at", "setns", "reboot", "swapon"} <= denied
+            "perf_event_open", "userfaultfd", "open_by_handle_at", "reboot", "swapon"} <= denied
     arches = {a["architecture"]: set(a["subArchitectures"]) for a in profile["archMap"]}
     assert arches["SCMP_ARCH_X86_64"] == {"SCMP_ARCH_X86", "SCMP_ARCH_X32"}  # no 32-bit way around the list
     for name in (TEST, GPU):  # the overrides keep it

@@ -126,3 +126,29 @@ def test_spark_and_ray_across_ssh_machines_are_refused_up_front_with_why(make_co
     assert any(p.startswith("cluster.kind=ssh: spark_dataframe is refused") for p in problems)
     assert any(p.startswith("cluster.kind=ssh: ray is refused: ") and "token" in p for p in problems)
     assert not any("ddp is refused" in p for p in problems)
+
+
+def test_a_host_that_cannot_isolate_the_cells_refuses_them_unless_allowed(monkeypatch, make_config):
+    """Without a loopback-only namespace a one-host cell's ports listen on every interface: refused
+    in preflight with why and the setting that runs them all the same; the run's own namespace (for
+    its standing clusters) is asked for only when the run keeps one on this host."""
+    from pipelines.cluster import netns
+    from pipelines.run import preflight
+
+    assert not [p for p in preflight.problems(make_config()) if "network namespace" in p]  # this machine: fine
+    monkeypatch.setattr(netns, "own_problem", lambda: "unshare --user --net (a user namespace: not root) was "
+                                                      "refused: Operation not permitted")
+    problems = [p for p in preflight.problems(make_config(backends=["ddp"])) if "network namespace" in p]
+    assert len(problems) == 1 and "Operation not permitted" in problems[0]
+    assert "cluster.allow_unisolated_cells=true" in problems[0] and "BENCHMARK_ALLOW_UNISOLATED_CELLS" in problems[0]
+    allowed = make_config(backends=["ddp"], **{"cluster.allow_unisolated_cells": True})
+    assert not [p for p in preflight.problems(allowed) if "network namespace" in p]
+
+    monkeypatch.undo()  # cells may have their own; the run's cannot be entered (a seccomp profile refusing setns)
+    monkeypatch.setattr(netns, "run_problem", lambda: "nsenter into a namespace of this user's was refused: "
+                                                      "Operation not permitted")
+    assert not [p for p in preflight.problems(make_config(backends=["ddp"])) if "network namespace" in p]
+    standing = [p for p in preflight.problems(make_config(backends=["ddp", "ray"])) if "network namespace" in p]
+    assert len(standing) == 1 and "nsenter" in standing[0]
+    embedded = make_config(backends=["ddp"], spark_master="embedded")  # the data stage uses it: a standing cluster
+    assert [p for p in preflight.problems(embedded) if "network namespace" in p]

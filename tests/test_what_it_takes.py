@@ -61,6 +61,21 @@ def test_the_ports_a_process_listens_on_are_read_from_proc():
     assert not is_loopback("0.0.0.0:80") and is_loopback("::1:80")
 
 
+def test_a_jvms_ipv4_bind_on_its_ipv6_socket_reads_as_that_address():
+    """Spark's JVMs bind 127.0.0.1 on IPv6 sockets: the kernel lists ::ffff:127.0.0.1, which is loopback
+    (it was counted as beyond loopback when shown as 0000:...:ffff:7f00:0001)."""
+    code = ("import socket, time; s = socket.socket(socket.AF_INET6); s.bind(('::ffff:127.0.0.1', 0)); s.listen(); "
+            "print(s.getsockname()[1], flush=True); time.sleep(30)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(proc.stdout.readline())
+        assert listening([proc.pid]) == {proc.pid: {f"::ffff:127.0.0.1:{port}"}} and is_loopback(f"::ffff:127.0.0.1:{port}")
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not is_loopback("::ffff:10.0.2.2:80") and not is_loopback(":::80")
+
+
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare --net")
 def test_a_listener_in_a_loopback_only_namespace_is_counted_as_loopback():
     """A cell's private namespace (torchrun.isolated) has only lo: its wildcard listener is reachable

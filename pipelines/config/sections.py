@@ -218,6 +218,11 @@ class ClusterConfig(Section):
     # be at the same paths there (shared storage), as for multi-node torchrun
     ssh_hosts: list[str] = deployment([], env="BENCHMARK_SSH_HOSTS")
     ssh_identity: str | None = deployment(None, env="BENCHMARK_SSH_IDENTITY")  # private key file
+    # local: a one-host cell, and the clusters the run keeps on this host, run in loopback-only
+    # network namespaces (pipelines.cluster.netns); where this host cannot make or enter one (unshare or
+    # nsenter refused), preflight refuses the run, since their ports would listen on every interface.
+    # true: run them so all the same (each result's resources.listening shows what was open)
+    allow_unisolated_cells: bool = deployment(False, env="BENCHMARK_ALLOW_UNISOLATED_CELLS")
 
     @field_validator("ssh_hosts", mode="before")
     @classmethod

@@ -37,6 +37,7 @@ from pipelines.config import BenchmarkConfig
 from pipelines.data.manifest import SNAPSHOT_SPLITS
 from pipelines.data.validate import require_valid_snapshot
 from pipelines.runfolder.paths import RunPaths
+from pipelines.engines import spark_cluster
 from pipelines.engines.spark_cluster import master_url
 from pipelines.engines.spark_session import get_spark, session_running, stop_spark
 
@@ -103,8 +104,12 @@ def _count_rows(split_dir: Path) -> int:
 
 
 def preprocess(config: BenchmarkConfig, paths: RunPaths) -> dict:
-    """Validated snapshot -> token shards; returns rows, seconds, rows/s and shard counts."""
+    """Validated snapshot -> token shards; returns rows, seconds, rows/s and shard counts. On the
+    run's embedded cluster in its network namespace, the Spark driver runs there too (``in_namespace``)."""
     require_valid_snapshot(paths)  # never tokenize data that failed (or skipped) validation
+    where = spark_cluster.driver_namespace(config, paths)
+    if where is not None and where.prefix:
+        return in_namespace(config, paths, where)
     started = time.perf_counter()
     check_tokenizer(config.data.tokenizer_source)  # fail here with one line, not in a Spark task
     quiet = {"spark.ui.showConsoleProgress": "false"}  # progress bars garble task logs
@@ -148,3 +153,42 @@ def preprocess(config: BenchmarkConfig, paths: RunPaths) -> dict:
     log.info("tokenized %s rows in %.1f s (%.0f rows/s)",
              stats["rows"], stats["seconds"], stats["rows_per_second"])
     return stats
+
+
+def in_namespace(config: BenchmarkConfig, paths: RunPaths, where) -> dict:
+    """``preprocess`` in a driver process of its own in ``where`` (the embedded cluster's network
+    namespace, ``pipelines.cluster.netns``), its output teed to ``<run>/tokens-driver.log``; the
+    stats it wrote. The config goes in a file (0600, removed afterwards): the run's, or a caller's."""
+    import sys
+
+    from pipelines.cluster.processes import run_to_end
+    from pipelines.runfolder.fileio import atomic_write_text
+
+    given = atomic_write_text(paths.root / f".preprocess-config-{uuid.uuid4().hex[:8]}.json", config.to_json())
+    try:
+        run_to_end([*where.prefix, sys.executable, "-m", __name__, "--run-dir", str(paths.root), "--config",
+                    str(given)], os.environ, paths.root / "tokens-driver.log", what="the tokenization driver",
+                   grace_s=30.0)
+    finally:
+        given.unlink(missing_ok=True)
+    return json.loads((paths.tokens / "preprocess.json").read_text())
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+    import sys
+
+    from pipelines.config import read_config
+    from pipelines.measure.signals import end_tree_on_signal
+
+    parser = argparse.ArgumentParser(description="the data stage's tokenization (a driver process of its own)")
+    parser.add_argument("--run-dir", required=True)
+    parser.add_argument("--config", required=True, help="the run's config (JSON)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stdout)
+    end_tree_on_signal()
+    preprocess(read_config(Path(args.config)), RunPaths(Path(args.run_dir)))
+
+
+if __name__ == "__main__":
+    main()

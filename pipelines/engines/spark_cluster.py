@@ -50,7 +50,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from pipelines.cluster.processes import free_port, start_session, stop_groups
+from pipelines.cluster import netns
+from pipelines.cluster.processes import free_ports_on, start_session, stop_groups
 from pipelines.config import BenchmarkConfig
 from pipelines.runfolder.fileio import atomic_write_json
 from pipelines.runfolder.paths import RunPaths
@@ -80,9 +81,10 @@ def _spark_home() -> Path:
     return Path(pyspark.__file__).resolve().parent
 
 
-def _spark_class(home: Path, args: list[str], env: dict, log_file: Path, tied: bool) -> subprocess.Popen:
+def _spark_class(home: Path, args: list[str], env: dict, log_file: Path, tied: bool,
+                 prefix: tuple[str, ...] = ()) -> subprocess.Popen:
     with open(log_file, "w") as out:  # own group: outlives a task, killed as one
-        return start_session([str(home / "bin" / "spark-class"), *args], die_with_parent=tied and _DIE_WITH_OWNER,
+        return start_session([*prefix, str(home / "bin" / "spark-class"), *args], die_with_parent=tied and _DIE_WITH_OWNER,
                              env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
@@ -123,11 +125,14 @@ def _daemon_env(paths: RunPaths, secret: str, owner: str | None) -> dict[str, st
     return env
 
 
-def start(paths: RunPaths, workers: int | None = None, tied_to_caller: bool = False) -> str:
+def start(paths: RunPaths, workers: int | None = None, tied_to_caller: bool = False,
+          where: netns.Namespace | None = None) -> str:
     """Start master + workers for the run (idempotent: a live cluster is kept); returns its URL.
 
     ``tied_to_caller``: the daemons end with this process (the CLI), SIGKILL included; else they
-    outlive it until ``stop`` (the DAG's setup task) or a later ``sweep``."""
+    outlive it until ``stop`` (the DAG's setup task) or a later ``sweep``. ``where``: the network
+    namespace they run in (the run's, ``pipelines.cluster.netns``; recorded, so its drivers join
+    it: ``namespace``); by default this process's."""
     if is_running(paths):
         return master_url_of(paths)
     swept = sweep()
@@ -140,20 +145,23 @@ def start(paths: RunPaths, workers: int | None = None, tied_to_caller: bool = Fa
     secret = secrets.token_hex(32)
     owner = _owner_mark(os.getpid()) if tied_to_caller else None
     env = _daemon_env(paths, secret, owner)
-    port = free_port()
+    where = where or netns.host()
+    port, master_ui, *worker_uis = free_ports_on(where, workers + 2)  # free where the daemons bind them
     url = f"spark://127.0.0.1:{port}"
+    prefix = where.prefix
+    in_run = netns.run_state(paths) if where.kind == "run" else None
     procs = [_spark_class(home, ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                                 "--port", str(port), "--webui-port", str(free_port())],
-                          env, folder / "master.log", tied_to_caller)]
-    _record(paths, url, procs, secret, owner)  # written at once: a failed start is still stopped by stop()
+                                 "--port", str(port), "--webui-port", str(master_ui)],
+                          env, folder / "master.log", tied_to_caller, prefix)]
+    _record(paths, url, procs, secret, owner, in_run)  # written at once: a failed start is still stopped by stop()
     try:
         _wait_for_line(folder / "master.log", "I have been elected leader", procs)
         for i in range(1, workers + 1):
             procs.append(_spark_class(home, [
                 "org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1", "--cores", "1",
-                "--memory", "1g", "--webui-port", str(free_port()), "--work-dir", str(folder / f"worker{i}"),
-            ], env, folder / f"worker{i}.log", tied_to_caller))
-            _record(paths, url, procs, secret, owner)
+                "--memory", "1g", "--webui-port", str(worker_uis[i - 1]), "--work-dir", str(folder / f"worker{i}"),
+            ], env, folder / f"worker{i}.log", tied_to_caller, prefix))
+            _record(paths, url, procs, secret, owner, in_run)
         for i in range(1, workers + 1):
             _wait_for_line(folder / f"worker{i}.log", "Successfully registered with master", procs)
     except BaseException:
@@ -165,10 +173,27 @@ def start(paths: RunPaths, workers: int | None = None, tied_to_caller: bool = Fa
     return url
 
 
-def _record(paths: RunPaths, url: str, procs: list[subprocess.Popen], secret: str, owner: str | None) -> None:
+def _record(paths: RunPaths, url: str, procs: list[subprocess.Popen], secret: str, owner: str | None,
+            in_run: dict | None) -> None:
     # atomic_write_json writes through mkstemp: the file is 0600 from its first byte
     atomic_write_json(paths.spark_cluster_info, {"url": url, "pids": [p.pid for p in procs],
-                                                 "started": time.time(), "owner": owner, "secret": secret})
+                                                 "started": time.time(), "owner": owner, "secret": secret,
+                                                 "netns": in_run})
+
+
+def driver_namespace(config: BenchmarkConfig, paths: RunPaths) -> netns.Namespace | None:
+    """Where a driver on the run's embedded cluster must run (``namespace``), or None: the config
+    has no embedded cluster, or it is not up."""
+    if config.engine("spark").master != EMBEDDED or not paths.spark_cluster_info.exists():
+        return None
+    return namespace(paths)
+
+
+def namespace(paths: RunPaths) -> netns.Namespace:
+    """Where the run's cluster runs, for a driver using it: the run's network namespace when it
+    was started there (``EmbeddedService``), else this host's."""
+    found = _read(paths).get("netns")
+    return netns.enter(found) if found else netns.host()
 
 
 def _read(paths: RunPaths) -> dict:
@@ -349,7 +374,8 @@ class EmbeddedService:
         return is_running(paths)
 
     def start(self, paths: RunPaths, config: BenchmarkConfig, tied_to_caller: bool = False) -> str:
-        return start(paths, tied_to_caller=tied_to_caller)
+        # in the run's network namespace: its drivers (the data stage's, the cells') join it there
+        return start(paths, tied_to_caller=tied_to_caller, where=netns.ensure_run(paths, tied_to_caller))
 
     def stop(self, paths: RunPaths) -> list[int]:
         return stop(paths)

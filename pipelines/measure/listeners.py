@@ -14,15 +14,17 @@ LISTEN = "0A"
 
 
 def _address(hex_address: str) -> str:
-    """``0100007F:1F90`` -> ``127.0.0.1:8080``; IPv6 ``::``-any as ``*``, IPv4-any as ``0.0.0.0``."""
+    """``0100007F:1F90`` -> ``127.0.0.1:8080``; IPv6 ``::``-any as ``::``, loopback as ``::1``, an
+    IPv4-mapped one as ``::ffff:a.b.c.d`` (a JVM's IPv4 bind, seen on its IPv6 socket)."""
+    import ipaddress
+
     host, _, port = hex_address.partition(":")
     if len(host) == 8:
-        ip = ".".join(str(b) for b in reversed(bytes.fromhex(host)))
-    else:  # four little-endian 32-bit words
-        words = [bytes.fromhex(host[i:i + 8])[::-1].hex() for i in range(0, 32, 8)]
-        full = "".join(words)
-        ip = "::" if set(full) == {"0"} else ("::1" if full == "0" * 31 + "1" else
-                                             ":".join(full[i:i + 4] for i in range(0, 32, 4)))
+        ip = str(ipaddress.IPv4Address(bytes(reversed(bytes.fromhex(host)))))
+    else:  # four 32-bit words, each in host (little-endian) order
+        raw = b"".join(bytes.fromhex(host[i:i + 8])[::-1] for i in range(0, 32, 8))
+        v6 = ipaddress.IPv6Address(raw)
+        ip = f"::ffff:{v6.ipv4_mapped}" if v6.ipv4_mapped else str(v6)
     return f"{ip}:{int(port, 16)}"
 
 
@@ -103,5 +105,5 @@ def is_loopback(address: str) -> bool:
     """Reachable from loopback only: bound to a loopback address, or in a loopback-only namespace."""
     if address.endswith(LOOPBACK_ONLY_NAMESPACE):
         return True
-    host = address.rpartition(":")[0]
+    host = address.rpartition(":")[0].removeprefix("::ffff:")
     return host.startswith("127.") or host == "::1"

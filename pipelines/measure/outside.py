@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from pipelines.cluster.netns import holder_folder
+
 # the share of the host's CPU capacity that processes outside the cell may use during its window
 # before the report flags the cell: 10 % of the cores (a quiet machine stays well under 2 %)
 OUTSIDE_SHARE_BOUND = 0.10
@@ -38,11 +40,13 @@ def outside_figures(busy_before: float | None, busy_after: float | None, cell_cp
 
 
 # the emulated hosts themselves: their keeper holds the namespaces and cgroups, idle (the machine
-# the cells run on, not a process beside them)
+# the cells run on, not a process beside them); the holder of the run's network namespace, idle
 INFRASTRUCTURE = ("pipelines.cluster.keeper",)
 
 
 def is_infrastructure(pid: int) -> bool:
+    if holder_folder(pid) is not None:
+        return True
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
     except OSError:

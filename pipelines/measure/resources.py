@@ -38,6 +38,7 @@ DEFAULT_INTERVAL_S = 0.5
 LISTENERS_EVERY = 4  # samples between two reads of the listening sockets (a JVM has hundreds of fds)
 RESOURCES_FILE, RANKS_DIR = "resources.json", "ranks"
 DRIVER = "driver"  # the process running TrainingBackend.run: its kind and its per_host key
+DRIVER_PROCESS = "pipelines.platforms.driver"  # a platform's driver process: kind "driver" too
 MB = 1024 * 1024
 _TICK, _PAGE = os.sysconf("SC_CLK_TCK"), os.sysconf("SC_PAGE_SIZE")
 _JVM_ROLES = (("deploy.master.Master", "java_master"), ("deploy.worker.Worker", "java_worker"),
@@ -75,12 +76,14 @@ def read_timeline(cell_dir) -> list[dict]:
 
 
 def process_kind(name: str, cmdline: list[str]) -> str:
-    """What a platform process is, from its name and command line: a Spark JVM by its main
-    class, else the first platform rule that matches (``Platform.process_kinds``: a marker found
+    """What a platform process is, from its name and command line: a platform's driver process,
+    a Spark JVM by its main class, else the first platform rule that matches (``Platform.process_kinds``: a marker found
     in the command line, or "=name" for the process's own name), else python or its name."""
     from pipelines import platforms
 
     text, first = " ".join(cmdline), Path(cmdline[0]).name if cmdline else ""
+    if DRIVER_PROCESS in text:  # a platform's driver process (pipelines.platforms.driver)
+        return "driver"
     if "java" in (name, first):  # SparkSubmit (the session's driver JVM) is plain "java"
         return next((kind for marker, kind in _JVM_ROLES if marker in text), "java")
     for marker, kind in platforms.process_kind_rules():
@@ -164,6 +167,16 @@ def _netns(pid: int) -> str | None:
         return None
 
 
+def _ns_bytes(pid: int) -> tuple[int, int]:
+    """(tx, rx) bytes of every interface in ``pid``'s network namespace (0, 0 once it is gone)."""
+    try:
+        lines = Path(f"/proc/{pid}/net/dev").read_text().splitlines()[2:]
+    except OSError:
+        return 0, 0
+    cols = [line.split(":", 1)[1].split() for line in lines if ":" in line]
+    return sum(int(c[8]) for c in cols), sum(int(c[0]) for c in cols)
+
+
 def _mb(value: float) -> float:
     return round(value / MB, 2)
 
@@ -178,7 +191,7 @@ class Sampler:
         self._procs: dict[int, _Proc] = {}
         self._before: set[int] = set()  # processes under this one before the cell: not the cell's
         self._samples, self._marks = [], []  # the samples; host -> _host_marks at the start, at the end
-        self._ns: dict[str, list] = {}  # the cell's private network namespace -> [a pid in it, tx, rx]
+        self._ns: dict[str, list] = {}  # the cell's network namespace -> [a pid in it, tx, rx, tx, rx at the start]
         self._own_ns, self._gpu = _netns(self.me), shutil.which("nvidia-smi") is not None
         self._stop, self._thread, self._failures = threading.Event(), None, 0
         self._sampler_cpu, self._usage, self._gpus = 0.0, None, 0
@@ -268,18 +281,17 @@ class Sampler:
                 self._procs[pid] = proc = _Proc(start, where, name, kind, cpu if first else 0.0, before=first)
                 ns = _netns(pid) if where == DRIVER and not self.hosts else None
                 if ns and ns != self._own_ns:
-                    self._ns.setdefault(ns, [pid, 0, 0])[0] = pid
+                    # one that was there before the cell (the run's, with its standing cluster) counts
+                    # from now; one made during the cell from its start
+                    base = _ns_bytes(pid) if first and ns not in self._ns else (0, 0)
+                    self._ns.setdefault(ns, [pid, *base, *base])[0] = pid
             elif proc.name != name and pid != self.me:  # it exec'd (sh -> torchrun): what it is now
                 proc.name, proc.kind = name, _kind_of(pid, name)
             entries[pid] = (max(0.0, cpu - proc.cpu), rss)
             proc.cpu = max(proc.cpu, cpu)
-        for ns in self._ns.values():  # the cell's private network namespaces: the largest seen (they grow)
-            try:
-                lines = Path(f"/proc/{ns[0]}/net/dev").read_text().splitlines()[2:]
-            except OSError:
-                continue
-            cols = [line.split(":", 1)[1].split() for line in lines if ":" in line]
-            ns[1], ns[2] = max(ns[1], sum(int(c[8]) for c in cols)), max(ns[2], sum(int(c[0]) for c in cols))
+        for ns in self._ns.values():  # the cell's network namespaces: the largest seen (they grow)
+            tx, rx = _ns_bytes(ns[0])
+            ns[1], ns[2] = max(ns[1], tx), max(ns[2], rx)
         if first or self._stop.is_set() or len(self._samples) % LISTENERS_EVERY == 0:
             for pid, ports in listening(p for p in entries if p != self.me).items():
                 self._procs[pid].listens |= ports
@@ -342,7 +354,7 @@ class Sampler:
         else:
             cpu = max(0.0, cell.cpu["ranks"] + cell.cpu["platform"] - self._sampler_cpu)
             cpus, peak = len(os.sched_getaffinity(0)), _mb(cell.peak["total"])
-            moved = [n[1:] for n in self._ns.values()]
+            moved = [(n[1] - n[3], n[2] - n[4]) for n in self._ns.values()]
             if not moved:
                 self.notes.append("bytes: the cell shares this machine's network namespace: not its own")
         gpu = [(r["gpu_utilisation"], r["gpu_memory_mb"]) for r in timeline if "gpu_utilisation" in r]

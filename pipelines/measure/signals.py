@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -125,6 +126,23 @@ def raise_on_sigterm() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def end_tree_on_signal() -> None:
+    """For a process whose whole job is its process tree (a cell's driver process,
+    ``pipelines.platforms.driver``): SIGTERM/SIGINT terminate every descendant (SIGTERM, SIGKILL
+    after ``GRACE_S``), then the process exits with 128 + the signal at once. No exception is
+    raised, so no library can swallow it (Ray's ``ray.get`` does). Its runner records the failure."""
+
+    def handler(signum, frame):
+        for s in SIGNALS:
+            signal.signal(s, signal.SIG_IGN)
+        pids = terminate_descendants()
+        log.warning("%s: terminated %d process(es) of the driver: %s", signal.Signals(signum).name, len(pids), pids)
+        os._exit(128 + signum)
+
+    for s in SIGNALS:
+        signal.signal(s, handler)
 
 
 @contextlib.contextmanager

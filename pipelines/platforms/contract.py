@@ -230,6 +230,12 @@ class TrainingBackend(ABC):
     def launch(self, spec: CellSpec, launch_time: float) -> None:
         """Run ``pipelines.training.worker`` (or an equivalent) on spec.world_size processes."""
 
+    def drive(self, spec: CellSpec, launch_time: float) -> None:
+        """A platform whose driver is a library call (a SparkSession, ``ray.init``) makes ``launch``
+        start ``pipelines.platforms.driver`` in its cluster's network namespace; that process calls
+        this: the driver's own work."""
+        raise NotImplementedError(f"{self.name}: its launch starts its processes itself; no driver process")
+
     def daemons(self, paths: RunPaths) -> list[int]:
         """Pids of processes the cell uses but does not start (the declaration's ``daemons``)."""
         from pipelines import platforms

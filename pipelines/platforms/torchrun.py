@@ -29,9 +29,7 @@ and preflight stay cheap).
 
 from __future__ import annotations
 
-import functools
 import logging
-import os
 import shutil
 import subprocess
 import sys
@@ -40,6 +38,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pipelines.cluster import netns
 from pipelines.cluster.processes import Tee, run_to_end, stop_tree
 from pipelines.config import BenchmarkConfig
 
@@ -151,40 +150,11 @@ def launch_env(config: BenchmarkConfig, base: Mapping[str, str], local_processes
     return env
 
 
-# A private network namespace with only loopback, up: unshare(1) makes it, sh brings lo up, then
-# execs the launcher (same PID), so everything the cell starts lives in it. Not root: inside a user
-# namespace of its own (``unshare -rn``: this user mapped to root there, nothing more outside).
-_LOOPBACK_UP = ["/bin/sh", "-c", 'ip link set lo up && exec "$@"', "sh"]
-_ISOLATE = ["unshare", "--net", "--", *_LOOPBACK_UP]
-_ISOLATE_USER = ["unshare", "--user", "--map-root-user", "--net", "--", *_LOOPBACK_UP]
-
-
-@functools.lru_cache(maxsize=1)
-def isolation_prefix() -> tuple[str, ...]:
-    """The command prefix that gives a cell a private network namespace here (root: ``unshare
-    --net``; any other user: with a user namespace), or () where neither works (a container whose
-    seccomp profile refuses unshare, user namespaces turned off). Tried once."""
-    if shutil.which("unshare") is None or shutil.which("ip") is None:
-        return ()
-    prefix = _ISOLATE if os.geteuid() == 0 else _ISOLATE_USER
-    probe = subprocess.run([*prefix, "true"], capture_output=True, check=False, timeout=30)
-    return tuple(prefix) if probe.returncode == 0 else ()
-
-
-def isolation_available() -> bool:
-    """Can a cell get a private network namespace here (as root or not)?"""
-    return bool(isolation_prefix())
-
-
 def isolated(cmd: list[str]) -> list[str]:
-    """``cmd`` in a private network namespace of its own (loopback only), where possible: a
-    one-node torchrun's rendezvous store listens on every interface, Determined's local mode on
-    ``tcp://*:12360`` / ``12365``; in the namespace nothing outside the cell reaches them."""
-    if not isolation_available():
-        log.warning("no private network namespace for the cell (unshare refused here, as root and in a user "
-                    "namespace): its rendezvous port is reachable on this host's interfaces")
-        return list(cmd)
-    return [*isolation_prefix(), *cmd]
+    """``cmd`` in a loopback-only network namespace of its own (``pipelines.cluster.netns.own``),
+    where possible: a one-node torchrun's rendezvous store listens on every interface, Determined's
+    local mode on ``tcp://*:12360`` / ``12365``; in the namespace nothing outside the cell reaches them."""
+    return [*netns.own("the cell's torchrun").prefix, *cmd]
 
 
 def execute(cmd: list[str], env: Mapping[str, str], log_path: Path, cwd: Path | None = None) -> None:

@@ -11,7 +11,6 @@ runs: heavy libraries (torch, pyspark, determined, ray) are never imported to re
 
 from __future__ import annotations
 
-import importlib
 import logging
 import traceback
 from collections.abc import Callable
@@ -33,8 +32,7 @@ log = logging.getLogger(__name__)
 def get_backend(backend: str) -> "TrainingBackend":
     """The adapter of ``backend``: the class its declaration names (``pipelines.platforms``),
     imported here, when a cell runs, so reading the registry stays cheap."""
-    module, _, cls = platforms.get(backend).adapter.partition(":")
-    return getattr(importlib.import_module(module), cls)()
+    return platforms.adapter_class(backend)()
 
 
 def run_cell(config: BenchmarkConfig, paths: RunPaths, backend: str, workers: int,

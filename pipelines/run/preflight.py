@@ -81,7 +81,7 @@ def _cluster_problems(config: BenchmarkConfig) -> list[str]:
         return [f"matrix.fault={config.matrix.fault} acts on a host through its cgroups and its link: it needs an "
                 "emulated cluster (cluster.kind=emulated, e.g. the cluster profile)"]
     if config.cluster.kind == "local":
-        return []
+        return _isolation_problems(config)
     from pipelines.cluster import why_unavailable
     from pipelines.cluster.lifecycle import worker_count_problems
 
@@ -94,3 +94,36 @@ def _cluster_problems(config: BenchmarkConfig) -> list[str]:
     if config.cluster.kind == "emulated" and (reason := why_unavailable()):
         out.append(f"cluster.kind=emulated: no emulated cluster can be built on this machine: {reason}")
     return out
+
+
+def _isolation_problems(config: BenchmarkConfig) -> list[str]:
+    """One-host cells need loopback-only network namespaces (``pipelines.cluster.netns``): a cell's
+    own, and the run's for the clusters it keeps standing here. Where this host cannot make them,
+    their ports would listen on every interface: refused, unless ``cluster.allow_unisolated_cells``."""
+    from pipelines.cluster import netns
+
+    if config.cluster.allow_unisolated_cells:
+        return []
+    why = netns.own_problem()
+    if why is None and _uses_a_standing_cluster_here(config):
+        why = netns.run_problem()
+    if why is None:
+        return []
+    return [f"cluster.kind=local: this host cannot give the run's cells and clusters a loopback-only network "
+            f"namespace ({why}); without one, torch's rendezvous store, Ray's GCS and raylet and Determined's "
+            "chief listen on every interface of this host. Run as root, allow user namespaces "
+            "(sysctl kernel.unprivileged_userns_clone=1; in a container, a seccomp profile that allows "
+            "unshare and setns), or set cluster.allow_unisolated_cells=true (BENCHMARK_ALLOW_UNISOLATED_CELLS=1) "
+            "to run them exposed"]
+
+
+def _uses_a_standing_cluster_here(config: BenchmarkConfig) -> bool:
+    """Does the run keep a cluster standing on this host: a service started at setup, or one a
+    standing platform of its matrix uses (``pipelines.run.services``)?"""
+    from pipelines import platforms
+    from pipelines.run import services
+
+    found = services.declared()
+    used = {t for b in config.matrix.backends if platforms.get(b).lifetime == "standing" for t in platforms.get(b).services}
+    return any(service.at_setup(config) or (target in used and service.wanted(config))
+               for target, service in found.items())

@@ -9,6 +9,9 @@ standing cell of its platform uses it in this run), ``running(paths)``,
 host's timing lock right before each cell's window: it brings up what a standing cell uses (its
 start is the run's ``provision``, recorded in ``<run>/services.json``) and stops every other
 service, so nothing of the run runs beside the cell. ``stop`` at the end stops them all.
+
+On this host the services run in the run's loopback-only network namespace
+(``pipelines.cluster.netns.ensure_run``), with every driver that uses them; ``stop`` ends it too.
 """
 
 from __future__ import annotations
@@ -86,8 +89,11 @@ def before_cell(config: BenchmarkConfig, paths: RunPaths, backend: str, tied_to_
 
 
 def stop(paths: RunPaths) -> list[int]:
-    """Stop every declared service this run folder has running; the pids stopped."""
+    """Stop every declared service this run folder has running, then the run's network namespace
+    they ran in (with anything still in it: ``pipelines.cluster.netns``); the pids stopped."""
+    from pipelines.cluster import netns
+
     stopped: list[int] = []
     for service in declared().values():
         stopped += service.stop(paths)
-    return stopped
+    return stopped + netns.stop_run(paths)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from torch.utils.data import DataLoader, Sampler
 
+from pipelines.platforms.spark.dataframe import SparkDataFrameBackend
 from pipelines.platforms.spark.feed import SparkPartitionFeed
 
 RECORD_DIR = "feed-record"
@@ -51,3 +52,10 @@ def recorded(cell_dir: Path) -> dict[tuple[int, int], list[int]]:
         rank, epoch = path.stem.removeprefix("rank").split("-epoch")
         out[int(rank), int(epoch)] = json.loads(path.read_text())
     return out
+
+
+class RecordingDataFrameBackend(SparkDataFrameBackend):
+    """The dataframe feed with ``RecordingFeed`` on its ranks: a module of its own, so the cell's
+    driver process (``pipelines.platforms.driver --adapter``) imports it without a test module."""
+
+    feed = RecordingFeed

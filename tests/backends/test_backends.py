@@ -13,7 +13,7 @@ import pytest
 
 from pipelines.measure.listeners import LOOPBACK_ONLY_NAMESPACE
 from pipelines.platforms import torchrun as launch
-from pipelines.platforms.torchrun import isolation_available
+from pipelines.cluster import netns
 from pipelines.run.cells import run_cell
 from pipelines.platforms.ddp.adapter import DDPBackend
 from pipelines.runfolder.paths import CellPaths
@@ -171,7 +171,7 @@ def test_every_cell_writes_tensorboard_events(trained, run_paths, backend):
     assert series("phases/launch_seconds") == [(2, pytest.approx(result.phases["launch"], rel=1e-6))]
 
 
-@pytest.mark.skipif(not isolation_available(), reason="no private network namespace here (unshare refused)")
+@pytest.mark.skipif(netns.own_problem() is not None, reason="no private network namespace here (unshare refused)")
 @pytest.mark.parametrize("backend", ["ddp", "spark", "determined"])
 def test_a_one_host_cells_ranks_listen_only_in_its_own_namespace(trained, backend):
     """torchrun (for Spark: TorchDistributor's local mode) and the ranks run in the cell's own network

@@ -6,15 +6,20 @@ another platform never runs beside a standing cluster. Across hosts: tests/clust
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
+from pipelines.cluster import netns
 from pipelines.config import load_config, save_config
+from pipelines.measure.listeners import LOOPBACK_ONLY_NAMESPACE
+from pipelines.platforms.driver import RECORD
 from pipelines.run import services
 from pipelines.runfolder.paths import RunPaths
 from tests.token_shards import write_token_shards
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(netns.run_problem() is not None,
+                                                    reason="no run network namespace here (nsenter refused)")]
 
 
 @pytest.fixture
@@ -51,9 +56,15 @@ def test_a_standing_cluster_is_started_once_outside_the_window_and_kept(run):
     assert len(starts) == 1 and starts[0]["provision_seconds"] > 0  # once, before the first window
     assert starts[0]["started"] + starts[0]["provision_seconds"] <= first.timed_window.start
 
+    # the standing head, its workers and the cells' drivers in the run's loopback-only namespace
+    run_namespace = netns.run_state(paths)
+    assert run_namespace and json.loads(paths.cell("ray", 2, 0).root.joinpath(RECORD).read_text())["netns"] == (
+        run_namespace["netns"])
+    _all_in_loopback_only_namespaces(first, standing=("gcs_server", "raylet"))
+
     other = _cell(config, paths, "ddp")  # another platform: the standing cluster is stopped first
     assert other.status == "ok" and not ray_standing.running(paths)
-    assert other.resources.run_processes_outside == {}, other.resources
+    assert other.resources.run_processes_outside == {}, other.resources  # the namespace's idle holder is not one
 
     per_job = _cell(config, paths, "ray_per_job")
     assert per_job.status == "ok", per_job.error
@@ -64,3 +75,18 @@ def test_a_standing_cluster_is_started_once_outside_the_window_and_kept(run):
     assert abs(phases.unattributed(per_job.phases, per_job.total_seconds)) <= 0.02 * per_job.total_seconds
     assert json.loads(paths.cell("ray_per_job", 2, 0).provision.read_text())["seconds"] == pytest.approx(
         per_job.phases["provision"], abs=0.01)
+    # the per-job cluster in the driver's namespace of its own, gone with the cell
+    _all_in_loopback_only_namespaces(per_job, started=("gcs_server", "raylet"))
+    own = json.loads(paths.cell("ray_per_job", 2, 0).root.joinpath(RECORD).read_text())["netns"]
+    assert own not in (run_namespace["netns"], netns.of_process(os.getpid())) and not netns.members(own)
+    services.stop(paths)
+    assert not netns.running(paths) and not netns.members(run_namespace["netns"])
+
+
+def _all_in_loopback_only_namespaces(result, standing=(), started=()) -> None:
+    """Every port the cell's processes (and the standing cluster's) listened on was in a loopback-only
+    network namespace; ``standing`` / ``started``: kinds that must have been seen (the check is not blind)."""
+    usage = result.resources
+    assert {"rank", "driver", *started} <= set(usage.listening) and set(standing) <= set(usage.standing_listening)
+    seen = [a for found in (usage.listening, usage.standing_listening) for addresses in found.values() for a in addresses]
+    assert all(a.endswith(LOOPBACK_ONLY_NAMESPACE) for a in seen), (usage.listening, usage.standing_listening)

@@ -177,12 +177,6 @@ def params(marks: dict[str, tuple]) -> list:
 
 
 HEAVY = pytest.mark.heavy
-_RAY_SWALLOWS_SIGTERM = pytest.mark.xfail(strict=True, reason=(
-    "SIGTERM does not stop a Ray cell: the driver waits in ray.get inside TorchTrainer.fit "
-    "(pipelines/platforms/ray/trainer.py fit), where the project's handler (RaiseOnceHandlers, installed by "
-    "pipelines/platforms/ray/adapter.py launch) raises CellTerminated; Ray swallows it and the get goes on until "
-    "training ends. Measured (ray and ray_per_job): ~20 more epochs trained in the 42 s after the SIGTERM, the "
-    "driver still running 60 s (and, waited for, 120 s) after it"))
 # tier by the measured run time on a loaded 2-core box (load average 1.5-7): slow only up to ~60 s
 SIGTERM_MARKS = {
     "ddp": (),  # 44-47 s
@@ -194,8 +188,11 @@ SIGTERM_MARKS = {
     "spark_per_job": (HEAVY,),  # 162-196 s
     "spark_dataframe": (HEAVY,),  # 173-193 s
     "spark_dataframe_per_job": (HEAVY,),  # 168-219 s
-    "ray": (HEAVY, _RAY_SWALLOWS_SIGTERM),  # 119 s
-    "ray_per_job": (HEAVY, _RAY_SWALLOWS_SIGTERM),  # 121-122 s
+    # the driver in a process of its own (pipelines/platforms/driver.py): the CLI's SIGTERM stops its tree, and
+    # its own handler (signals.end_tree_on_signal) raises nothing Ray could swallow (before: ray.get swallowed
+    # the handler's exception and ~20 more epochs trained in the 42 s after the signal)
+    "ray": (HEAVY,),
+    "ray_per_job": (HEAVY,),
 }
 
 

@@ -10,7 +10,11 @@ import json
 import pytest
 from torch.utils.data import DistributedSampler
 
+from pipelines.cluster import netns
 from pipelines.engines import spark_cluster
+from pipelines.measure.listeners import LOOPBACK_ONLY_NAMESPACE
+from pipelines.platforms.driver import RECORD as DRIVER_RECORD
+from pipelines.run import services
 from pipelines.run import preflight
 from pipelines.platforms.spark.adapter import SparkBackend
 from pipelines.platforms.spark.dataframe import FEED_RECORD, SparkDataFrameBackend, partition_plan
@@ -18,7 +22,7 @@ from pipelines.config import ConfigError, load_config
 from pipelines.runfolder.paths import RunPaths
 from pipelines.runfolder.results import CellResult
 from pipelines.training import phases
-from tests.backends.feed_recorder import RecordingFeed, recorded
+from tests.backends.feed_recorder import RecordingDataFrameBackend, recorded
 from tests.token_shards import write_token_shards
 
 pytestmark = pytest.mark.slow
@@ -26,10 +30,6 @@ pytestmark = pytest.mark.slow
 # comparison would say nothing at 0.5), small enough for ~15 s of training per cell on 2 cores.
 TRAIN_PER_CLASS, TEST_PER_CLASS, SEQ_LEN, EPOCHS = 400, 200, 64, 4
 TRAIN_ROWS, TEST_ROWS = 2 * TRAIN_PER_CLASS, 2 * TEST_PER_CLASS
-
-
-class RecordingDataFrameBackend(SparkDataFrameBackend):
-    feed = RecordingFeed  # the production feed, writing down the row ids each rank trains per epoch
 
 
 @pytest.fixture(scope="module")
@@ -41,13 +41,16 @@ def feed_paths(tmp_path_factory, imdb_dir, bert_tiny_dir) -> RunPaths:
 
 @pytest.fixture(scope="module")
 def cluster_config(feed_paths, imdb_dir, bert_tiny_dir):
-    """The run's own standalone cluster (barrier tasks on 2 one-core executors)."""
-    spark_cluster.start(feed_paths, workers=2)
-    yield load_config("smoke", dict(
+    """The run's own standalone cluster (barrier tasks on its one-core executors), started as a run
+    starts it (``pipelines.run.services``): in the run's network namespace, where the cells' drivers go."""
+    config = load_config("smoke", dict(
         dataset_source=str(imdb_dir), tokenizer_source=str(bert_tiny_dir), model_source=str(bert_tiny_dir),
         output_root=str(feed_paths.root.parent), max_seq_len=SEQ_LEN, epochs=EPOCHS, batch_size=16,
         batch_policy="per_worker", learning_rate=2e-3, seed=42, spark_master="embedded"))
-    spark_cluster.stop(feed_paths)
+    spark_cluster.EMBEDDED_SERVICE.start(feed_paths, config)
+    yield config
+    services.stop(feed_paths)
+    assert not netns.running(feed_paths) and not spark_cluster.is_running(feed_paths)
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +61,23 @@ def dataframe_cell(cluster_config, feed_paths) -> CellResult:
 @pytest.fixture(scope="module")
 def files_cell(cluster_config, feed_paths) -> CellResult:
     return SparkBackend().run(cluster_config, 2, paths=feed_paths)
+
+
+@pytest.mark.skipif(netns.run_problem() is not None, reason="no run network namespace here (nsenter refused)")
+def test_both_feeds_drivers_and_the_cluster_listen_only_in_the_runs_namespace(dataframe_cell, files_cell, feed_paths):
+    """The run's cluster and each cell's driver share the run's loopback-only network namespace: every
+    port the cell (driver, JVMs, executors, torchrun's store, ranks) and the cluster listened on is there."""
+    run = netns.run_state(feed_paths)
+    assert run is not None and netns.running(feed_paths)
+    for cell in (dataframe_cell, files_cell):
+        usage, folder = cell.resources, feed_paths.cell(cell.backend, 2, 0).root
+        assert json.loads((folder / DRIVER_RECORD).read_text())["netns"] == run["netns"]
+        assert usage.listening.get("torchrun") and usage.listening.get("driver"), usage.listening  # not blind
+        assert usage.standing_listening.get("java_master") and usage.standing_listening.get("java_worker")
+        seen = [a for found in (usage.listening, usage.standing_listening) for addresses in found.values()
+                for a in addresses]
+        assert all(a.endswith(LOOPBACK_ONLY_NAMESPACE) for a in seen), (usage.listening, usage.standing_listening)
+        assert usage.bytes_sent and usage.bytes_sent > 0  # the namespace's loopback, counted from the cell's start
 
 
 def test_the_result_shows_the_cluster_mode_the_feed_and_the_executors(dataframe_cell, files_cell, feed_paths):

@@ -20,6 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from pipelines.cluster import netns
 from pipelines.platforms import torchrun as launch
 from pipelines.runfolder.paths import RunPaths
 from tests import fault_injection
@@ -31,7 +32,7 @@ _CONNECT = "import socket, sys; socket.create_connection(('127.0.0.1', int(sys.a
 
 def test_a_standalone_torchrun_is_isolated_and_others_are_not():
     cmd = ["py", "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "-m", "w"]
-    if launch.isolation_available():
+    if netns.own_problem() is None:
         assert launch.isolated(cmd)[:3] == ["unshare", "--net", "--"] and launch.isolated(cmd)[-len(cmd):] == cmd
     else:
         assert launch.isolated(cmd) == cmd
@@ -100,7 +101,7 @@ def _rank_with_port(cell_dir: Path, deadline_s: float = 240.0) -> tuple[psutil.P
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not launch.isolation_available(), reason="needs root and unshare --net")
+@pytest.mark.skipif(netns.own_problem() is not None, reason="needs root and unshare --net")
 def test_a_ddp_cells_rendezvous_port_is_unreachable_from_the_host(tmp_path, make_config, imdb_dir, bert_tiny_dir,
                                                                    monkeypatch):
     from pipelines.run.cells import run_cell

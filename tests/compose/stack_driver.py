@@ -374,7 +374,9 @@ def main() -> int:
                            ("e_hardening", lambda: evidence_hardening(stack)),
                            ("f_mlflow_permissions", lambda: stack_security.evidence_mlflow_permissions(stack, runs)),
                            ("g_mounts", lambda: stack_security.evidence_mounts(stack)),
-                           ("h_cell_listeners", lambda: cell_listeners.evidence(watcher, cells, Check))):
+                           ("h_cell_listeners", lambda: cell_listeners.evidence(watcher, cells, Check)),
+                           ("i_run_namespace", lambda: cell_listeners.evidence_run_namespace(
+                               sorted(stack.containers("airflow-worker").values())[0], Check))):
             if key.startswith("h_") and watcher is None:
                 continue
             line, detail = check()

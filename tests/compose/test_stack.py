@@ -164,5 +164,19 @@ def test_one_host_cells_listen_only_in_their_own_namespace_inside_the_celery_wor
     check = stack_run[0]["checks"]["h_cell_listeners"]
     one_host = {f"{b}-w{w}-r0" for b, w in _cells(stack_run) if b in ("ddp", "determined")}
     assert one_host and one_host <= set(check["cells"])
-    assert all(c["isolated"] and not c["in_container"] for c in check["cells"].values())
+    assert all(c["isolated"] and not c["in_container"] for name, c in check["cells"].items() if name in one_host)
     assert any(c["own"] for name, c in check["cells"].items() if name in one_host)  # seen listening: not blind
+    # the Spark cell's driver process on the stack's cluster: in the worker's namespace, listed as such
+    assert set(check["cluster_cell_drivers"]) == set(check["cells"]) - one_host
+
+
+def test_a_standing_clusters_namespace_is_made_and_entered_inside_a_celery_worker(stack_run):
+    """The run's network namespace (pipelines/cluster/netns.py), for what a run keeps standing on a
+    worker and the drivers that use it: made and entered as the worker's non-root user under its seccomp
+    profile (unshare, setns); a listener on every interface there is unreachable from the worker."""
+    found = stack_run[0]["checks"]["i_run_namespace"]
+    assert found["kind"] == "run" and found["prefix"][0] == "nsenter" and "--user" in found["prefix"]
+    assert found["uid"] != 0 and found["own_netns"] and found["answers_inside"]
+    assert found["listening"] == [f"0.0.0.0:{found['port']} (loopback-only namespace)"]
+    assert found["refused_from_the_container"] == found["tried"] and len(found["tried"]) == 2  # its address, lo
+    assert found["stopped"] >= 2 and found["left"]

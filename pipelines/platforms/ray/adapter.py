@@ -40,7 +40,9 @@ from contextlib import ExitStack, contextmanager
 import shutil
 import time
 
+from pipelines.cluster import netns
 from pipelines.measure import signals
+from pipelines.platforms import driver
 from pipelines.platforms.contract import provisioning
 from pipelines.platforms.ray import standing
 from pipelines.platforms.ray.trainer import (cluster_processes, driver_env, elastic_refusal, fit,
@@ -74,14 +76,28 @@ class RayBackend(TrainingBackend):
         return [*([f"{self.name}: {refusal}"] if refusal else []), *super().preflight(config, cells)]
 
     def launch(self, spec: CellSpec, launch_time: float) -> None:
+        """The cell's driver in a process of its own (``pipelines.platforms.driver``), where its
+        cluster is: a namespace of the cell's own for a per-job cluster, the run's for the standing
+        one (``standing.namespace``), this host's to join ``engines.ray.address``."""
+        self._hosts_by_cell().pop(spec.cell_dir, None)  # this attempt runs on this host
+        if self._own_cluster(spec.config):
+            where = netns.own("the cell's Ray cluster")
+        elif spec.config.engine("ray").address:
+            where = netns.host()
+        else:
+            where = standing.namespace(self._standing(spec))
+        driver.launch(self, spec, launch_time, where)
+
+    def drive(self, spec: CellSpec, launch_time: float) -> None:
+        """In the driver process: ``ray.init`` (the cell's own local cluster, or joining one), the
+        cell's ``TorchTrainer``, ``ray.shutdown``."""
         import ray
 
         cfg = spec.config
-        self._hosts_by_cell().pop(spec.cell_dir, None)  # this attempt runs on this host
         runtime_env = {"env_vars": worker_env_vars()}
         own = self._own_cluster(cfg)
-        # ray.init replaces the driver's SIGTERM handler with one that exits at once: the project's
-        # (pipelines.measure.signals) is saved here and put back after the cell (restore)
+        # ray.init replaces SIGTERM's handler with one that exits at once: the driver process's own
+        # (the whole tree, then exit: signals.end_tree_on_signal) is saved here and put back after it
         handlers = signals.RaiseOnceHandlers("Ray's cluster shut down")
         stack = ExitStack()
         try:  # a half-started cluster is shut down too
@@ -97,11 +113,7 @@ class RayBackend(TrainingBackend):
                 log.info("ray: joining the cluster at %s", options["address"])
                 stack.enter_context(_environ(joined))
                 ray.init(runtime_env=runtime_env, **options)
-            # While Ray runs, a signal only raises (once), so the finally below shuts Ray down while
-            # its GCS and raylet still run: the project's handler would kill them first, and a
-            # driver whose raylet dies while it waits in ray.get exits by itself (code 1) before it
-            # can record the failure (seen in CI).
-            handlers.raise_once()
+            handlers.restore()
             fit(torch_trainer(spec, launch_time, runtime_env), handlers)
         finally:
             self._shutdown(local=own)
@@ -118,11 +130,16 @@ class RayBackend(TrainingBackend):
         driver needs to (the token)."""
         if spec.config.engine("ray").address:
             return {"address": spec.config.engine("ray").address}, {}
+        found = self._standing(spec)
+        return standing.init_options(found), standing.token_env(found)
+
+    @staticmethod
+    def _standing(spec: CellSpec) -> dict:
         found = standing.state(spec.paths)
         if found is None:
             raise RuntimeError("ray: no standing Ray cluster for this run: the runner starts it before a "
                                "standing Ray cell (pipelines.run.services.before_cell)")
-        return standing.init_options(found), standing.token_env(found)
+        return found
 
     def launch_on_hosts(self, spec: CellSpec, launch_time: float, hosts: list) -> None:
         """A standing cell: the driver on hosts[0] joins the run's standing cluster on the hosts;
@@ -155,15 +172,6 @@ class RayBackend(TrainingBackend):
             shutil.rmtree(temp_dir, ignore_errors=True)
         log.info("ray: %s in %.1fs", "local cluster stopped" if local else "disconnected",
                  time.perf_counter() - start)
-
-    def cleanup(self) -> list[int]:
-        """Ray processes of this driver's own cluster that a failed cell left (``launch``'s
-        shutdown stops them; this catches what outlived it). A standing cluster stays."""
-        if self.lifetime != "per_job":
-            return []
-        leftovers = cluster_processes()
-        signals.stop_leftovers(leftovers, grace_s=1.0, owner="ray")
-        return [p.pid for p in leftovers]
 
     def versions(self) -> dict[str, str]:
         import ray

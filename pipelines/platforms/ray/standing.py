@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from pipelines.cluster import netns
 from pipelines.cluster.processes import identity, start_session, still, stop_tree
 from pipelines.config import BenchmarkConfig
 from pipelines.platforms.ray.trainer import node_env
@@ -85,7 +86,14 @@ def _token(path: Path, fresh: bool) -> str:
     return str(path)
 
 
+def namespace(found: dict) -> netns.Namespace:
+    """Where the standing cluster runs, for a driver joining it: the run's network namespace (the
+    head on this host), else this host's (the emulated hosts' nodes, or no namespace could be made)."""
+    return netns.enter(found["netns"]) if found.get("netns") else netns.host()
+
+
 def _start_local(paths: RunPaths, config: BenchmarkConfig, env: dict, tied: bool) -> dict:
+    """The head on this host, in the run's network namespace (with every driver that joins it)."""
     from pipelines.cluster.processes import free_port
 
     port, temp_dir = free_port(), f"/tmp/rs{os.getpid()}"  # short: Ray's socket paths
@@ -94,12 +102,13 @@ def _start_local(paths: RunPaths, config: BenchmarkConfig, env: dict, tied: bool
             f"--num-cpus={cpus}", "--include-dashboard=false", f"--temp-dir={temp_dir}",
             f"--object-store-memory={OBJECT_STORE_BYTES}", "--disable-usage-stats", "--block"]
     log_file = folder(paths) / "head.log"
+    where = netns.ensure_run(paths, tied_to_caller=tied)
     with open(log_file, "w") as out:
-        head = start_session(argv, die_with_parent=tied, env=env, stdout=out, stderr=subprocess.STDOUT,
-                             stdin=subprocess.DEVNULL)
+        head = start_session([*where.prefix, *argv], die_with_parent=tied, env=env, stdout=out,
+                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     _wait_ready(log_file, head)
     return {"address": f"{LOCAL_IP}:{port}", "node_ip": LOCAL_IP, "pids": [head.pid], "temp_dirs": [temp_dir],
-            "kind": "local"}
+            "kind": "local", "netns": netns.run_state(paths) if where.kind == "run" else None}
 
 
 def _start_hosts(paths: RunPaths, config: BenchmarkConfig, env: dict) -> dict:

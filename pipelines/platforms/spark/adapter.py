@@ -29,10 +29,6 @@ log = logging.getLogger(__name__)
 class SparkBackend(SparkOnHosts, TrainingBackend):
     name = "spark"
 
-    def launch(self, spec: CellSpec, launch_time: float) -> None:
-        self.hosts_used(spec, forget=True)  # this machine (a previous attempt may have used hosts)
-        spark_torch.launch_on_this_host(spec, launch_time, self.train, self.lifetime)
-
     def train(self, spark, distributor, spec: CellSpec, launch_time: float) -> None:
         """The files feed: every rank reads the token shards itself (the shared loop's loader)."""
         distributor.run(train_worker, str(spec.cell_dir), launch_time)

@@ -158,10 +158,6 @@ class SparkDataFrameBackend(SparkOnHosts, TrainingBackend):
             raise ConfigError(problem)
         return super().spec(config, world_size, paths, cell, repeat, strategy)
 
-    def launch(self, spec: CellSpec, launch_time: float) -> None:
-        self.hosts_used(spec, forget=True)  # this machine (a previous attempt may have used hosts)
-        spark_torch.launch_on_this_host(spec, launch_time, self.train, self.lifetime)  # as the files feed's
-
     def train(self, spark, distributor, spec: CellSpec, launch_time: float) -> None:
         from pipelines.platforms.spark.feed import train_worker
 

@@ -3,8 +3,12 @@ the rows through Spark): the cell's own SparkSession inside the timed window, To
 settings, Spark's GPU resources and the task-slot check. The backends pass their own training
 step to ``run_distributor``.
 
+The driver (the cell's session and TorchDistributor's call) runs in a process of its own
+(``pipelines.platforms.driver``: ``launch_on_this_host`` is what it runs) in the network namespace
+of its cluster (``driver_namespace``).
+
 ``local_mode`` follows the master: ``local[...]`` -> local mode (torchrun on the driver, in the
-cell's own network namespace like a ddp cell's: ``isolated_local_torchrun``);
+driver's network namespace of its own);
 any other master (``spark://host:7077``) -> barrier mode, one torchrun per Spark task, which
 needs the project importable and pandas/pyarrow on the executors (``spark_env`` handles a
 single machine). Barrier mode with more processes than task slots hangs silently in Spark,
@@ -27,13 +31,14 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable
 from pathlib import Path
 
 from pipelines.training.cell import CellSpec
 from pipelines.config import BenchmarkConfig
-from pipelines.engines.spark_cluster import master_url
+from pipelines.cluster import netns
+from pipelines.engines import spark_cluster
+from pipelines.engines.spark_cluster import EMBEDDED, master_url
 from pipelines.engines.spark_session import get_spark, stop_spark
 
 log = logging.getLogger(__name__)
@@ -119,32 +124,22 @@ def run_distributor(spec: CellSpec, launch_time: float, train: TrainStep, master
         if not settings["local_mode"]:
             check_task_slots(spec.world_size, task_slots(spark, spec.world_size), master)
         log.info("TorchDistributor(%s) on %s", settings, master)
-        with isolated_local_torchrun() if settings["local_mode"] else nullcontext():
-            train(spark, TorchDistributor(**settings), spec, launch_time)
+        train(spark, TorchDistributor(**settings), spec, launch_time)
     finally:
         stop_spark(jvm=True)  # the driver's JVM ends with the cell: nothing of it beside the next one
 
 
-@contextmanager
-def isolated_local_torchrun() -> Iterator[None]:
-    """In local mode TorchDistributor runs ``torchrun --standalone`` on the driver; here it runs in a
-    network namespace of its own, loopback only (``torchrun.isolated``, as a ddp cell's), so its
-    rendezvous store and gloo listen nowhere else. TorchDistributor builds that command in a private
-    static method it calls by class name: the method is wrapped for the cell, then put back."""
-    from pyspark.ml.torch.distributor import TorchDistributor
-
-    from pipelines.platforms import torchrun
-
-    build = TorchDistributor.__dict__["_create_torchrun_command"]
-
-    def isolated_command(input_params, path_to_train_file, *args):
-        return torchrun.isolated(build.__func__(input_params, path_to_train_file, *args))
-
-    TorchDistributor._create_torchrun_command = staticmethod(isolated_command)
-    try:
-        yield
-    finally:
-        TorchDistributor._create_torchrun_command = build
+def driver_namespace(spec: CellSpec, lifetime: str | None) -> netns.Namespace:
+    """Where the cell's driver runs (``pipelines.platforms.driver``): with a cluster of its own (per
+    job) or none (local mode: torchrun on the driver) in a network namespace of the cell's own; on
+    the run's embedded cluster in that cluster's (``spark_cluster.namespace``); with a cluster URL in
+    this host's (it reaches that cluster over the network)."""
+    master = spec.config.engine("spark").master
+    if lifetime == "per_job" or master.startswith("local"):
+        return netns.own("the cell's Spark driver")
+    if master == EMBEDDED:
+        return spark_cluster.namespace(spec.paths)
+    return netns.host()
 
 
 def per_job_refusal(config: BenchmarkConfig, backend: str) -> str | None:
@@ -166,7 +161,6 @@ def launch_on_this_host(spec: CellSpec, launch_time: float, train: TrainStep, li
     if lifetime != "per_job":
         run_distributor(spec, launch_time, train)
         return
-    from pipelines.engines import spark_cluster
     from pipelines.platforms.contract import provisioning
     from pipelines.runfolder.paths import RunPaths
 

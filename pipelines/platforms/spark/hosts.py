@@ -210,7 +210,8 @@ def standing_master(paths) -> str:
 
 
 class SparkOnHosts:
-    """What both Spark platforms add for a cell across hosts (mixed into their backends)."""
+    """What both Spark platforms share, mixed into their backends: the launch on this host (the
+    driver process) and across hosts. Each feed brings its ``train`` step."""
 
     data_feed: str
 
@@ -237,6 +238,21 @@ class SparkOnHosts:
         if getattr(self, "lifetime", None) == "standing":
             master = standing_master(spec.paths)
         launch(spec, launch_time, hosts, self.data_feed, master)
+
+    def launch(self, spec: CellSpec, launch_time: float) -> None:
+        """On this host: the driver in a process of its own, in its cluster's network namespace
+        (``pipelines.platforms.driver``, ``distributor.driver_namespace``); it runs ``drive``."""
+        from pipelines.platforms import driver
+        from pipelines.platforms.spark import distributor
+
+        self.hosts_used(spec, forget=True)  # this machine (a previous attempt may have used hosts)
+        driver.launch(self, spec, launch_time, distributor.driver_namespace(spec, getattr(self, "lifetime", None)))
+
+    def drive(self, spec: CellSpec, launch_time: float) -> None:
+        """In the driver process: the cell's session and TorchDistributor's call on this host."""
+        from pipelines.platforms.spark import distributor
+
+        distributor.launch_on_this_host(spec, launch_time, self.train, getattr(self, "lifetime", None))
 
     def hosts_used(self, spec: CellSpec, forget: bool = False) -> int | None:
         """Hosts the cell's latest launch ran on (None: this machine); ``forget``: a local launch."""

@@ -1,0 +1,94 @@
+"""A platform's driver for a one-host cell, in a process of its own, in its cluster's network namespace:
+
+    python -m pipelines.platforms.driver --cell-dir <cell> --launch-time <s>
+
+Spark's and Ray's drivers (a SparkSession with its JVM; ``ray.init`` and ``TorchTrainer``) run in
+the process that calls them and reach their cluster over loopback, while the cluster and what it
+starts (executors, torchrun's store, Ray's GCS, raylet and workers) listen on every interface unless
+they live in a loopback-only network namespace (``pipelines.cluster.netns``); the driver must then
+live there too. So the adapter's ``launch`` runs this module (``launch``) in:
+
+- the run's namespace, when the cell uses a cluster the run keeps standing on this host (the
+  embedded Spark cluster, the standing Ray head: each records where it runs);
+- a namespace of the cell's own, when the cluster is the cell's (a per-job cluster, Spark's local
+  mode): after the driver exits, whatever it left there is stopped;
+- this host's, when the cluster is someone else's, reached over the network (a ``spark://`` URL,
+  ``engines.ray.address``).
+
+The process reads the cell's spec and calls ``drive(spec, launch_time)`` of the runner's adapter
+class (``--adapter module:Class``: the platform's, or a subclass of it); its output
+is teed to the cell's log. A fresh driver process per cell is also how teams submit a job
+(spark-submit, a Ray job's entrypoint), and every runner (CLI, DAG task, bench) pays the same
+start-up inside the cell's window. A signal to the cell's runner stops the driver's tree
+(``run_to_end``); a SIGKILLed runner takes it down through ``PR_SET_PDEATHSIG``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+from pipelines.cluster import netns
+from pipelines.cluster.processes import run_to_end
+from pipelines.runfolder.fileio import atomic_write_json
+from pipelines.training.cell import CellSpec
+
+log = logging.getLogger(__name__)
+MODULE = __name__
+RECORD = "driver.json"  # in the cell folder: the driver's pid and network namespace
+STOP_GRACE_S = 30.0  # SIGTERM -> SIGKILL: the driver stops its session / cluster meanwhile
+
+
+def launch(adapter, spec: CellSpec, launch_time: float, where: netns.Namespace) -> None:
+    """Run the cell's driver (this module, calling ``adapter``'s class's ``drive``) in ``where`` to
+    completion; raise with its output's tail when it fails. Afterwards, whatever it left in a
+    namespace of its own is stopped."""
+    record = spec.cell_dir / RECORD
+    record.unlink(missing_ok=True)
+    cls = type(adapter)
+    cmd = [*where.prefix, sys.executable, "-m", MODULE, "--cell-dir", str(spec.cell_dir),
+           "--launch-time", repr(launch_time), "--adapter", f"{cls.__module__}:{cls.__qualname__}"]
+    log.info("%s: the driver runs in %s", spec.backend, {"own": "a network namespace of the cell's own",
+                                                        "run": "the run's network namespace, with its cluster",
+                                                        "host": "this host's network namespace"}[where.kind])
+    try:
+        run_to_end(cmd, os.environ, spec.cell.log, what=f"the {spec.backend} driver", grace_s=STOP_GRACE_S)
+    finally:
+        if where.kind == "own":
+            left = netns.stop_members(_namespace(record))
+            if left:
+                log.warning("%s: stopped %d process(es) the driver left in its namespace: %s", spec.backend,
+                            len(left), left)
+
+
+def _namespace(record) -> str | None:
+    try:
+        return json.loads(record.read_text())["netns"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="a platform's driver for a one-host cell")
+    parser.add_argument("--cell-dir", required=True)
+    parser.add_argument("--launch-time", type=float, required=True)
+    parser.add_argument("--adapter", required=True, help="module:Class of the cell's adapter")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s driver: %(message)s", stream=sys.stdout)
+    import importlib
+
+    from pipelines.measure.signals import end_tree_on_signal
+
+    end_tree_on_signal()  # SIGTERM (the runner's stop, or the kernel's when the runner died): the tree goes
+    spec = CellSpec.read(args.cell_dir)
+    atomic_write_json(spec.cell_dir / RECORD, {"pid": os.getpid(), "netns": netns.of_process(os.getpid())})
+    module, _, cls = args.adapter.partition(":")
+    adapter = getattr(importlib.import_module(module), cls)()  # the runner's class (a test's subclass too)
+    adapter.drive(spec, args.launch_time)
+
+
+if __name__ == "__main__":
+    main()
