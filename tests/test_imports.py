@@ -28,6 +28,7 @@ def dynamic_imports() -> dict[str, list[str]]:
         # the declarations: the project's packages and BENCHMARK_PLATFORMS' plug-ins
         "pipelines.platforms": [f"pipelines.platforms.{name}" for name in platforms.BUILTIN] + platforms.plugin_modules(),
         "pipelines.run.cells": [p.adapter.partition(":")[0] for p in platforms.all_platforms()],  # adapters
+        "pipelines.run.driver": [p.adapter.partition(":")[0] for p in platforms.all_platforms()],  # a driver's
         "pipelines.run.services": [s.partition(":")[0] for p in platforms.all_platforms() for s in p.services],
         "pipelines.training.cell": [p.package for p in platforms.all_platforms() if not platforms.is_builtin(p)],
         "pipelines.training.loop": [],  # PIPELINES_EPOCH_END_HOOK: a test's or a user's module, never ours

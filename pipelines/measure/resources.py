@@ -38,7 +38,7 @@ DEFAULT_INTERVAL_S = 0.5
 LISTENERS_EVERY = 4  # samples between two reads of the listening sockets (a JVM has hundreds of fds)
 RESOURCES_FILE, RANKS_DIR = "resources.json", "ranks"
 DRIVER = "driver"  # the process running TrainingBackend.run: its kind and its per_host key
-DRIVER_PROCESS = "pipelines.platforms.driver"  # a platform's driver process: kind "driver" too
+DRIVER_PROCESS = "pipelines.run.driver"  # a platform's driver process (pipelines.platforms.driver): kind "driver" too
 MB = 1024 * 1024
 _TICK, _PAGE = os.sysconf("SC_CLK_TCK"), os.sysconf("SC_PAGE_SIZE")
 _JVM_ROLES = (("deploy.master.Master", "java_master"), ("deploy.worker.Worker", "java_worker"),
@@ -82,7 +82,7 @@ def process_kind(name: str, cmdline: list[str]) -> str:
     from pipelines import platforms
 
     text, first = " ".join(cmdline), Path(cmdline[0]).name if cmdline else ""
-    if DRIVER_PROCESS in text:  # a platform's driver process (pipelines.platforms.driver)
+    if DRIVER_PROCESS in text:  # a platform's driver process
         return "driver"
     if "java" in (name, first):  # SparkSubmit (the session's driver JVM) is plain "java"
         return next((kind for marker, kind in _JVM_ROLES if marker in text), "java")

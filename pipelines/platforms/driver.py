@@ -1,12 +1,12 @@
 """A platform's driver for a one-host cell, in a process of its own, in its cluster's network namespace:
 
-    python -m pipelines.platforms.driver --cell-dir <cell> --launch-time <s>
+    python -m pipelines.run.driver --cell-dir <cell> --launch-time <s> --adapter <module:Class>
 
 Spark's and Ray's drivers (a SparkSession with its JVM; ``ray.init`` and ``TorchTrainer``) run in
 the process that calls them and reach their cluster over loopback, while the cluster and what it
 starts (executors, torchrun's store, Ray's GCS, raylet and workers) listen on every interface unless
 they live in a loopback-only network namespace (``pipelines.cluster.netns``); the driver must then
-live there too. So the adapter's ``launch`` runs this module (``launch``) in:
+live there too. So the adapter's ``launch`` starts that process (``launch`` here) in:
 
 - the run's namespace, when the cell uses a cluster the run keeps standing on this host (the
   embedded Spark cluster, the standing Ray head: each records where it runs);
@@ -15,7 +15,7 @@ live there too. So the adapter's ``launch`` runs this module (``launch``) in:
 - this host's, when the cluster is someone else's, reached over the network (a ``spark://`` URL,
   ``engines.ray.address``).
 
-The process reads the cell's spec and calls ``drive(spec, launch_time)`` of the runner's adapter
+That process (``pipelines.run.driver``) reads the cell's spec and calls ``drive(spec, launch_time)`` of the runner's adapter
 class (``--adapter module:Class``: the platform's, or a subclass of it); its output
 is teed to the cell's log. A fresh driver process per cell is also how teams submit a job
 (spark-submit, a Ray job's entrypoint), and every runner (CLI, DAG task, bench) pays the same
@@ -25,7 +25,6 @@ start-up inside the cell's window. A signal to the cell's runner stops the drive
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -33,17 +32,16 @@ import sys
 
 from pipelines.cluster import netns
 from pipelines.cluster.processes import run_to_end
-from pipelines.runfolder.fileio import atomic_write_json
 from pipelines.training.cell import CellSpec
 
 log = logging.getLogger(__name__)
-MODULE = __name__
+MODULE = "pipelines.run.driver"  # the process's entry point
 RECORD = "driver.json"  # in the cell folder: the driver's pid and network namespace
 STOP_GRACE_S = 30.0  # SIGTERM -> SIGKILL: the driver stops its session / cluster meanwhile
 
 
 def launch(adapter, spec: CellSpec, launch_time: float, where: netns.Namespace) -> None:
-    """Run the cell's driver (this module, calling ``adapter``'s class's ``drive``) in ``where`` to
+    """Run the cell's driver process (``MODULE``, calling ``adapter``'s class's ``drive``) in ``where`` to
     completion; raise with its output's tail when it fails. Afterwards, whatever it left in a
     namespace of its own is stopped."""
     record = spec.cell_dir / RECORD
@@ -69,26 +67,3 @@ def _namespace(record) -> str | None:
         return json.loads(record.read_text())["netns"]
     except (OSError, ValueError, KeyError):
         return None
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="a platform's driver for a one-host cell")
-    parser.add_argument("--cell-dir", required=True)
-    parser.add_argument("--launch-time", type=float, required=True)
-    parser.add_argument("--adapter", required=True, help="module:Class of the cell's adapter")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s driver: %(message)s", stream=sys.stdout)
-    import importlib
-
-    from pipelines.measure.signals import end_tree_on_signal
-
-    end_tree_on_signal()  # SIGTERM (the runner's stop, or the kernel's when the runner died): the tree goes
-    spec = CellSpec.read(args.cell_dir)
-    atomic_write_json(spec.cell_dir / RECORD, {"pid": os.getpid(), "netns": netns.of_process(os.getpid())})
-    module, _, cls = args.adapter.partition(":")
-    adapter = getattr(importlib.import_module(module), cls)()  # the runner's class (a test's subclass too)
-    adapter.drive(spec, args.launch_time)
-
-
-if __name__ == "__main__":
-    main()

@@ -56,6 +56,6 @@ def recorded(cell_dir: Path) -> dict[tuple[int, int], list[int]]:
 
 class RecordingDataFrameBackend(SparkDataFrameBackend):
     """The dataframe feed with ``RecordingFeed`` on its ranks: a module of its own, so the cell's
-    driver process (``pipelines.platforms.driver --adapter``) imports it without a test module."""
+    driver process (``pipelines.run.driver --adapter``) imports it without a test module."""
 
     feed = RecordingFeed
