@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from pipelines.cluster import netns
 from pipelines.engines import spark_cluster
 from pipelines.config import BenchmarkConfig
 from pipelines.runfolder.paths import RunPaths
@@ -74,6 +75,9 @@ def test_sigterm_during_the_run_still_stops_the_cluster(tmp_path, imdb_dir, bert
     assert proc.returncode == 128 + signal.SIGTERM, output[-3000:]
     assert "stopped by SIGTERM" in output
     assert not paths.spark_cluster_info.exists() and not _spark_daemons(paths.spark_cluster)
+    # the run's network namespace the cluster ran in is gone with it (no holder names this run)
+    assert netns.run_state(paths) is None
+    assert not [pid for pid, folder in netns.holders() if folder == netns.run_folder(paths).resolve()]
 
 
 def test_bad_spark_master_is_refused_with_the_field_named(make_config):

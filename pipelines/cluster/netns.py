@@ -271,7 +271,7 @@ def holder_folder(pid: int) -> Path | None:
     return Path(found.decode(errors="replace")) if found else None
 
 
-def _holders() -> list[tuple[int, Path]]:
+def holders() -> list[tuple[int, Path]]:
     """(pid, run's netns folder) of this user's namespace holders on this host."""
     out = []
     for entry in os.scandir("/proc"):
@@ -284,7 +284,7 @@ def sweep() -> list[int]:
     """Stop the namespaces (every process in them, and the holder) that no run records any more, or
     whose run has finished (its report/summary.json is newer than the namespace); the pids."""
     stopped = []
-    for pid, folder in _holders():
+    for pid, folder in holders():
         mark = identity(pid)
         if mark[1] is None or time.time() - mark[1] < SWEEP_MIN_AGE_S:
             continue
