@@ -5,6 +5,7 @@ conf -> config step, cell plan and alert text are ``pipelines.run.dag_plan``; th
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 
 from airflow.providers.smtp.notifications.smtp import SmtpNotifier  # ~10 ms (smtplib)
 from airflow.sdk import (Asset, CronTriggerTimetable, TaskGroup, TriggerRule, chain, dag, get_current_context,
@@ -114,7 +115,9 @@ def run_step(run_dir: str, step: str) -> dict:
     description="BERT-tiny on IMDB through DDP, Spark TorchDistributor and Determined; report + MLflow",
     doc_md=dag_plan.DOC_MD,
     # Trigger timetable without start_date: unpausing waits for the next 02:00, no catch-up run.
-    schedule=CronTriggerTimetable("0 2 * * *", timezone="UTC"),
+    # run_immediately=0 s, not False: Airflow 3.3 reads False as "run the last 02:00 if it is less
+    # than a tenth of a day old", so unpausing before 04:24 UTC started a nightly run at once.
+    schedule=CronTriggerTimetable("0 2 * * *", timezone="UTC", run_immediately=timedelta(0)),
     catchup=False,
     max_active_runs=1,
     params=dag_plan.trigger_params(),

@@ -5,6 +5,9 @@ driver). With ``spark_master="embedded"`` the run starts a real standalone clust
 pyspark distribution (``$SPARK_HOME/bin/spark-class`` Master + Workers), bound to 127.0.0.1 and
 sized to the host (one 1-core worker per CPU core), uses it for preprocessing and for every
 spark cell (barrier tasks on its executors), and stops it at the end, also when a step failed.
+Started as the run's service (``EMBEDDED_SERVICE``) it runs in the run's loopback-only network
+namespace (``pipelines.cluster.netns``), and so does every driver that uses it: the data stage's
+tokenization and each cell's driver process (``namespace``).
 
 The cluster outlives the process that started it (the DAG starts it in one task and stops it in
 a teardown task), so what is needed to stop it lives in the run folder:

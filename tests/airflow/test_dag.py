@@ -170,11 +170,32 @@ def test_schedule_and_run_limits(dag):
 
     assert isinstance(dag.timetable, CronTriggerTimetable)
     tt = dag.timetable
-    assert (tt.expression, str(tt.timezone), tt.run_immediately) == ("0 2 * * *", "UTC", False)
+    assert (tt.expression, str(tt.timezone)) == ("0 2 * * *", "UTC")
     assert dag.catchup is False
     assert dag.max_active_runs == 1
     assert dag.params["profile"] == "nightly"  # what the scheduled run uses
     assert "prepare_run" in dag.doc_md and "training_workers" in dag.doc_md
+
+
+@pytest.mark.parametrize("now", ["01:55", "02:05", "04:00", "23:59"])
+def test_unpausing_the_dag_waits_for_the_next_nightly_whenever_it_happens(dag, now):
+    """The scheduler's timetable (the DAG's, as the scheduler deserializes it): with no run yet, the
+    first run is the next 02:00 UTC, whatever the time of the unpause (Airflow 3.3's run_immediately=False
+    ran the last 02:00 at once up to 2.4 h after it: the compose stack test's unpause started a nightly)."""
+    from unittest import mock
+
+    import pendulum
+    from airflow.serialization.encoders import encode_timetable
+    from airflow.serialization.decoders import decode_timetable
+    from airflow.timetables import trigger
+    from airflow.timetables.base import TimeRestriction
+
+    timetable = decode_timetable(encode_timetable(dag.timetable))
+    at = pendulum.parse(f"2026-12-04T{now}:00Z")
+    with mock.patch.object(trigger, "utcnow", return_value=at):
+        first = timetable.next_dagrun_info(last_automated_data_interval=None,
+                                           restriction=TimeRestriction(earliest=None, latest=None, catchup=False))
+    assert first.run_after > at and first.run_after.hour == 2 and (first.run_after - at).total_seconds() <= 86400
 
 
 def test_params_mirror_the_config(dag):

@@ -1,9 +1,14 @@
 """Ray Train: the shared loop in ``TorchTrainer(pipelines.platforms.ray.worker.train_loop_per_worker)``.
 
-``ray_address`` empty (default): a local Ray cluster is started for the cell
-(``ray.init``: head on 127.0.0.1, no dashboard, ``num_cpus`` = the host's cores, a short
+On this host the cell's driver (``drive``: ``ray.init``, the trainer, ``ray.shutdown``) runs in a
+process of its own where its cluster is (``launch``, ``pipelines.platforms.driver``): a per-job
+cluster in a network namespace of the cell's own, the run's standing head in the run's.
+
+``ray_address`` empty (default): ``ray`` joins the run's standing Ray cluster
+(``standing.py``; ``platform_mode="local-standing"``); ``ray_per_job`` starts a local cluster for
+the cell (``ray.init``: head on 127.0.0.1, no dashboard, ``num_cpus`` = the host's cores, a short
 ``/tmp/ray-<pid>`` temp folder because Ray's Unix socket paths must stay under ~107
-characters) and shut down after it, also when training fails; ``platform_mode="local-cluster"``.
+characters) and shuts it down after it, also when training fails; ``platform_mode="local-cluster"``.
 ``ray_address="auto"`` / ``ray://host:10001`` / ``host:6379``: the cell joins that cluster
 (left running; the run folder must be on storage its nodes see at the same path);
 ``platform_mode="cluster"``. A cluster with token authentication (Ray turns it on by itself once
