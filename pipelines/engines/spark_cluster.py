@@ -86,16 +86,23 @@ def _spark_home() -> Path:
 
 def _spark_class(home: Path, args: list[str], env: dict, log_file: Path, tied: bool,
                  prefix: tuple[str, ...] = ()) -> subprocess.Popen:
-    with open(log_file, "w") as out:  # own group: outlives a task, killed as one
+    with open(log_file, "a") as out:  # appended: a cluster started again in the run keeps its history
         return start_session([*prefix, str(home / "bin" / "spark-class"), *args], die_with_parent=tied and _DIE_WITH_OWNER,
                              env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
-def _wait_for_line(log_file: Path, needle: str, procs: list[subprocess.Popen]) -> None:
+def _log_size(log_file: Path) -> int:
+    return log_file.stat().st_size if log_file.exists() else 0
+
+
+def _wait_for_line(log_file: Path, needle: str, procs: list[subprocess.Popen], since: int = 0) -> None:
+    """Until ``needle`` is in ``log_file`` after its first ``since`` bytes (an earlier start's lines)."""
     deadline = time.monotonic() + STARTUP_S
     while time.monotonic() < deadline:
-        if needle in log_file.read_text(errors="replace"):
-            return
+        with open(log_file, "rb") as f:
+            f.seek(since)
+            if needle in f.read().decode(errors="replace"):
+                return
         if any(p.poll() is not None for p in procs):
             raise RuntimeError(f"a Spark process of the embedded cluster exited; {log_file}:\n"
                                f"{log_file.read_text(errors='replace')[-2000:]}")
@@ -153,12 +160,14 @@ def start(paths: RunPaths, workers: int | None = None, tied_to_caller: bool = Fa
     url = f"spark://127.0.0.1:{port}"
     prefix = where.prefix
     in_run = netns.run_state(paths) if where.kind == "run" else None
+    logs = [folder / "master.log", *(folder / f"worker{i}.log" for i in range(1, workers + 1))]
+    since = {log_file: _log_size(log_file) for log_file in logs}
     procs = [_spark_class(home, ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
                                  "--port", str(port), "--webui-port", str(master_ui)],
                           env, folder / "master.log", tied_to_caller, prefix)]
     _record(paths, url, procs, secret, owner, in_run)  # written at once: a failed start is still stopped by stop()
     try:
-        _wait_for_line(folder / "master.log", "I have been elected leader", procs)
+        _wait_for_line(logs[0], "I have been elected leader", procs, since[logs[0]])
         for i in range(1, workers + 1):
             procs.append(_spark_class(home, [
                 "org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1", "--cores", "1",
@@ -166,7 +175,7 @@ def start(paths: RunPaths, workers: int | None = None, tied_to_caller: bool = Fa
             ], env, folder / f"worker{i}.log", tied_to_caller, prefix))
             _record(paths, url, procs, secret, owner, in_run)
         for i in range(1, workers + 1):
-            _wait_for_line(folder / f"worker{i}.log", "Successfully registered with master", procs)
+            _wait_for_line(logs[i], "Successfully registered with master", procs, since[logs[i]])
     except BaseException:
         stop(paths)
         raise

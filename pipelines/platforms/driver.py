@@ -54,6 +54,11 @@ def launch(adapter, spec: CellSpec, launch_time: float, where: netns.Namespace) 
                                                         "host": "this host's network namespace"}[where.kind])
     try:
         run_to_end(cmd, os.environ, spec.cell.log, what=f"the {spec.backend} driver", grace_s=STOP_GRACE_S)
+    except RuntimeError as err:
+        said = _read(record).get("error")  # the driver's own exception first, then its log's tail
+        if said:
+            raise RuntimeError(f"the {spec.backend} driver failed: {said}\n{err}") from None
+        raise
     finally:
         if where.kind == "own":
             left = netns.stop_members(_namespace(record))
@@ -62,8 +67,12 @@ def launch(adapter, spec: CellSpec, launch_time: float, where: netns.Namespace) 
                             len(left), left)
 
 
-def _namespace(record) -> str | None:
+def _read(record) -> dict:
     try:
-        return json.loads(record.read_text())["netns"]
-    except (OSError, ValueError, KeyError):
-        return None
+        return json.loads(record.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _namespace(record) -> str | None:
+    return _read(record).get("netns")

@@ -5,7 +5,8 @@ its cluster's network namespace:
 
 It reads the cell's spec, records its pid and network namespace (``<cell>/driver.json``: the
 runner stops what is left in a namespace of the cell's own), and calls ``drive(spec, launch_time)``
-of the runner's adapter class (the platform's, or a subclass of it). SIGTERM takes its whole tree
+of the runner's adapter class (the platform's, or a subclass of it); an error it raises is recorded
+there too, for the runner's message. SIGTERM takes its whole tree
 down and exits at once (``signals.end_tree_on_signal``).
 """
 
@@ -33,10 +34,15 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s driver: %(message)s", stream=sys.stdout)
     end_tree_on_signal()  # SIGTERM (the runner's stop, or the kernel's when the runner died): the tree goes
     spec = CellSpec.read(args.cell_dir)
-    atomic_write_json(spec.cell_dir / RECORD, {"pid": os.getpid(), "netns": netns.of_process(os.getpid())})
+    record = {"pid": os.getpid(), "netns": netns.of_process(os.getpid())}
+    atomic_write_json(spec.cell_dir / RECORD, record)
     module, _, cls = args.adapter.partition(":")
     adapter = getattr(importlib.import_module(module), cls)()  # the runner's class (a test's subclass too)
-    adapter.drive(spec, args.launch_time)
+    try:
+        adapter.drive(spec, args.launch_time)
+    except Exception as err:  # what went wrong, for the runner's error (the log has the traceback)
+        atomic_write_json(spec.cell_dir / RECORD, {**record, "error": f"{type(err).__name__}: {err}"[-4000:]})
+        raise
 
 
 if __name__ == "__main__":

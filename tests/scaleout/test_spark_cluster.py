@@ -39,6 +39,16 @@ def spark_cluster(tmp_path_factory):
             cluster.stop(paths)
 
 
+@pytest.fixture(autouse=True)
+def _no_session_left_on_the_cluster():
+    """A session of this process holds the cluster's cores (2 workers x 1): a cell's driver process,
+    started after it, would get no executor. Each test's session ends with it."""
+    yield
+    from pipelines.engines.spark_session import stop_spark
+
+    stop_spark()
+
+
 def test_get_spark_moves_from_a_local_session_to_the_cluster(spark_cluster):
     """A local session left by an earlier test must not be reused for a cluster master."""
     from pipelines.engines.spark_session import get_spark
@@ -79,11 +89,10 @@ def test_spark_backend_trains_on_the_cluster_like_local_ddp(spark_cluster, scale
 @pytest.mark.heavy  # 24 s in CI, beside the cluster test above that CI keeps
 def test_more_processes_than_cluster_slots_is_refused_not_hung(spark_cluster, scaleout_config,
                                                                 scaleout_paths, monkeypatch):
-    from pipelines.platforms.spark import distributor as spark  # SLOT_WAIT_S
     from pipelines.run.cells import run_cell
 
     url, _ = spark_cluster
-    monkeypatch.setattr(spark, "SLOT_WAIT_S", 20.0)  # the cell's own session: its executors start anew
+    monkeypatch.setenv("PIPELINES_SPARK_SLOT_WAIT_S", "20")  # the cell's driver process: its executors start anew
     started = time.monotonic()
     with pytest.raises(RuntimeError, match="needs 3 concurrent Spark tasks but .* offers 2"):
         run_cell(scaleout_config(spark_master=url), scaleout_paths, "spark", 3)

@@ -42,7 +42,9 @@ from pipelines.engines.spark_cluster import EMBEDDED, master_url
 from pipelines.engines.spark_session import get_spark, stop_spark
 
 log = logging.getLogger(__name__)
-SLOT_WAIT_S = 60.0  # executors of a new session register within seconds on a healthy cluster
+# executors of a new session register within seconds on a healthy cluster; PIPELINES_SPARK_SLOT_WAIT_S
+# sets it for the cell's driver process (a test that knows its cluster is short of slots waits less)
+SLOT_WAIT_S = float(os.environ.get("PIPELINES_SPARK_SLOT_WAIT_S", "60"))
 # shipped as package data under backends/ (pyproject.toml: "backends/*.sh")
 DISCOVERY_SCRIPT = Path(__file__).parent / "gpu_discovery.sh"
 # train(spark, distributor, spec, launch_time): runs the cell's ranks through the distributor
