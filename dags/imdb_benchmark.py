@@ -112,11 +112,10 @@ def run_step(run_dir: str, step: str) -> dict:
 @dag(
     dag_id="imdb_benchmark",
     dag_display_name="IMDB distributed-training benchmark",
-    description="BERT-tiny on IMDB through DDP, Spark TorchDistributor and Determined; report + MLflow",
+    description="BERT-tiny on IMDB through DDP, Spark, Determined, Ray Train and DeepSpeed; report + MLflow",
     doc_md=dag_plan.DOC_MD,
-    # Trigger timetable without start_date: unpausing waits for the next 02:00, no catch-up run.
-    # run_immediately=0 s, not False: Airflow 3.3 reads False as "run the last 02:00 if it is less
-    # than a tenth of a day old", so unpausing before 04:24 UTC started a nightly run at once.
+    # Unpausing waits for the next 02:00: run_immediately=0 s, as Airflow 3.3 reads False as "run the
+    # last 02:00 at once if under a tenth of a day old" (bench/RESULTS.md, the timetable finding).
     schedule=CronTriggerTimetable("0 2 * * *", timezone="UTC", run_immediately=timedelta(0)),
     catchup=False,
     max_active_runs=1,
@@ -138,9 +137,8 @@ def imdb_benchmark():
             train.override(task_id=f"w{n}", pool_slots=n).partial(run_dir=run_dir).expand_kwargs(cells)
     train_group >> stop_services(run_dir).as_teardown(setups=services_up)
     train_group >> stop_cluster(run_dir).as_teardown(setups=hosts_up)
-    # evaluate runs once every cell is done, failed ones included, so the report shows them; each later
-    # step only after the one before succeeded (all_success; the CLI's policy too). evaluate (no result
-    # at all) and check_regression (regression, failed cells) alert people; track publishes the asset.
+    # evaluate runs once every cell is done, failed ones too (the report shows them); each later step after
+    # the one before succeeded (the CLI's policy). evaluate and check_regression alert; track publishes.
     step_options = {"evaluate": {"trigger_rule": TriggerRule.ALL_DONE,
                                  "on_failure_callback": [alert_notifier()]},
                     "track": {"outlets": [BENCHMARK_SUMMARY]},

@@ -144,13 +144,41 @@ def members(netns: str, exclude: set[int] = frozenset()) -> list[int]:
 
 
 def stop_members(netns: str | None, grace_s: float = STOP_GRACE_S, exclude: set[int] = frozenset()) -> list[int]:
-    """Stop every process left in ``netns`` (a namespace only this project's processes entered):
-    SIGTERM, SIGKILL after ``grace_s``; the pids. Never this process's own namespace."""
+    """Stop every process left in ``netns``, a namespace only this project's processes entered and
+    that something keeps alive meanwhile (its holder, or a ``pin``), so that its inode names it
+    alone: SIGTERM, SIGKILL after ``grace_s``; the pids. Never this process's own namespace."""
     if not netns or netns == of_process(os.getpid()):
         return []
     left = members(netns, exclude)
     stop_tree(left, grace_s, tree=False)
     return left
+
+
+def pin(pid: int, timeout_s: float = 5.0) -> int | None:
+    """An open descriptor of the network namespace that ``pid``, just started under ``own()``'s
+    prefix, enters (waited for until it is not this process's), or None when ``pid`` exits first.
+    While it is open the namespace lives on, even empty, so no other namespace can take its inode:
+    ``stop_pinned`` stops only what is proved to be in it."""
+    mine = os.stat("/proc/self/ns/net").st_ino
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        if os.fstat(fd).st_ino != mine:
+            return fd
+        os.close(fd)
+        time.sleep(0.005)
+    return None
+
+
+def stop_pinned(fd: int, grace_s: float = STOP_GRACE_S) -> list[int]:
+    """Stop every process left in the namespace ``fd`` holds (``pin``), then let the namespace go."""
+    try:
+        return stop_members(f"net:[{os.fstat(fd).st_ino}]", grace_s)
+    finally:
+        os.close(fd)
 
 
 # --- the run's namespace ------------------------------------------------------------------------

@@ -260,11 +260,11 @@ def free_port_on(host: Any, python: str = sys.executable, timeout_s: float = 30.
 
 
 def run_to_end(cmd: list[str], env, log_path: Path, *, what: str, grace_s: float,
-               cwd: Path | None = None) -> None:
+               cwd: Path | None = None, started: Callable[[subprocess.Popen], None] | None = None) -> None:
     """Run a launcher to completion, teeing its output to ``log_path`` (and stdout); raise with its
     tail when it exits non-zero. Interrupted (a signal's exception), it stops the launcher's tree
     within ``grace_s``; killed outright, the launcher gets SIGTERM from the kernel (its stop of its
-    ranks). ``what`` names it in the error."""
+    ranks). ``what`` names it in the error; ``started(proc)`` is called once it runs."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log.info("launching: %s", " ".join(cmd))
     # PR_SET_PDEATHSIG: a SIGKILLed driver takes its launcher (and the launcher its ranks) down
@@ -272,6 +272,8 @@ def run_to_end(cmd: list[str], env, log_path: Path, *, what: str, grace_s: float
                           stdin=subprocess.DEVNULL, text=True, preexec_fn=_die_with_parent) as proc:
         tee = Tee(proc, log_path)
         try:
+            if started is not None:
+                started(proc)
             tee.run()
             proc.wait()
         finally:

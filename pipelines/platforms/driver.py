@@ -11,7 +11,8 @@ live there too. So the adapter's ``launch`` starts that process (``launch`` here
 - the run's namespace, when the cell uses a cluster the run keeps standing on this host (the
   embedded Spark cluster, the standing Ray head: each records where it runs);
 - a namespace of the cell's own, when the cluster is the cell's (a per-job cluster, Spark's local
-  mode): after the driver exits, whatever it left there is stopped;
+  mode): held open from the driver's start (``netns.pin``), so that after the driver exits whatever
+  it left there is proved to be the cell's, and stopped;
 - this host's, when the cluster is someone else's, reached over the network (a ``spark://`` URL,
   ``engines.ray.address``).
 
@@ -52,16 +53,23 @@ def launch(adapter, spec: CellSpec, launch_time: float, where: netns.Namespace) 
     log.info("%s: the driver runs in %s", spec.backend, {"own": "a network namespace of the cell's own",
                                                         "run": "the run's network namespace, with its cluster",
                                                         "host": "this host's network namespace"}[where.kind])
+    pinned: list[int] = []  # the namespace of the cell's own, held open until what is left in it is stopped
+
+    def started(proc) -> None:
+        if where.kind == "own" and (fd := netns.pin(proc.pid)) is not None:
+            pinned.append(fd)
+
     try:
-        run_to_end(cmd, os.environ, spec.cell.log, what=f"the {spec.backend} driver", grace_s=STOP_GRACE_S)
+        run_to_end(cmd, os.environ, spec.cell.log, what=f"the {spec.backend} driver", grace_s=STOP_GRACE_S,
+                   started=started)
     except RuntimeError as err:
         said = _read(record).get("error")  # the driver's own exception first, then its log's tail
         if said:
             raise RuntimeError(f"the {spec.backend} driver failed: {said}\n{err}") from None
         raise
     finally:
-        if where.kind == "own":
-            left = netns.stop_members(_namespace(record))
+        for fd in pinned:
+            left = netns.stop_pinned(fd)
             if left:
                 log.warning("%s: stopped %d process(es) the driver left in its namespace: %s", spec.backend,
                             len(left), left)
@@ -74,5 +82,3 @@ def _read(record) -> dict:
         return {}
 
 
-def _namespace(record) -> str | None:
-    return _read(record).get("netns")

@@ -148,3 +148,29 @@ print(len(netns.stop_run(paths)), flush=True)
             p.kill()
         proc.kill()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.skipif(netns.own_problem() is not None, reason="no namespace of its own here")
+def test_what_a_driver_leaves_in_its_own_namespace_is_stopped_once_it_exits():
+    """A per-job cluster's driver runs in a namespace of its own (pipelines/platforms/driver.py): held open
+    (``pin``) from its start, so after it exits its inode still names it alone, and what it left there (an
+    orphan in a session of its own, as a Ray agent) is stopped; nothing outside it is touched."""
+    where = netns.own()
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    code = ("import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], "
+            "start_new_session=True); print(p.pid, flush=True)")
+    driver = where.run([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    fd = netns.pin(driver.pid)
+    try:
+        assert fd is not None
+        orphan = int(driver.stdout.readline())
+        assert driver.wait(30) == 0 and not _gone(orphan)  # the driver is gone, what it started is not
+        assert netns.members(f"net:[{os.fstat(fd).st_ino}]") == [orphan]
+        assert netns.stop_pinned(fd) == [orphan] and _gone(orphan)
+        fd = None
+        assert bystander.poll() is None  # in this host's namespace: never a member
+    finally:
+        if fd is not None:
+            os.close(fd)
+        bystander.kill()
+        bystander.wait()
