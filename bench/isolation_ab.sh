@@ -8,14 +8,10 @@
 # The earlier commit runs from a git worktree (/tmp/isolation-ab-<commit>) with this checkout's .venv
 # (its `pipelines` first on PYTHONPATH, so the worktree's code runs). bench/RESULTS.md holds what it printed.
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OLD="$(git -C "$ROOT" rev-parse --short "${1:?usage: bench/isolation_ab.sh <earlier-commit> [rounds]}")"
-ROUNDS="${2:-1}"
-NEW="$(git -C "$ROOT" rev-parse --short HEAD)"
-TREE="/tmp/isolation-ab-$OLD"
+# shellcheck source=bench/ab_worktree.sh
+source "$(dirname "${BASH_SOURCE[0]}")/ab_worktree.sh"
+ab_worktree isolation-ab "${1:-}" 1 "${2:-}"
 OUT="$(mktemp -d /tmp/isolation-ab.XXXXXX)"
-[ -d "$TREE" ] || git -C "$ROOT" worktree add --detach "$TREE" "$OLD" >/dev/null
-ln -sfn "$ROOT/.venv" "$TREE/.venv"
 # shellcheck disable=SC1091
 source "$ROOT/scripts/airflow_env.sh"
 run_one() {  # <tree> <run id>

@@ -9,13 +9,9 @@
 # own Airflow home. Prints each run's Airflow run_duration (the `DagRun Finished` line) and the
 # median ratio new / earlier; bench/RESULTS.md holds what it printed.
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OLD="$(git -C "$ROOT" rev-parse --short "${1:?usage: bench/smoke_ab.sh <earlier-commit> [rounds]}")"
-ROUNDS="${2:-2}"
-NEW="$(git -C "$ROOT" rev-parse --short HEAD)"
-TREE="/tmp/smoke-ab-$OLD"
-[ -d "$TREE" ] || git -C "$ROOT" worktree add --detach "$TREE" "$OLD" >/dev/null
-ln -sfn "$ROOT/.venv" "$TREE/.venv"
+# shellcheck source=bench/ab_worktree.sh
+source "$(dirname "${BASH_SOURCE[0]}")/ab_worktree.sh"
+ab_worktree smoke-ab "${1:-}" 2 "${2:-}"
 run_one() {  # <tree> -> seconds of the DAG run
   local tree="$1" home out
   home="$(mktemp -d /tmp/smoke-ab-home.XXXXXX)"
