@@ -403,7 +403,9 @@ def test_docker_compose_config_refuses_without_secrets_and_binds_loopback(tmp_pa
     for files in ([MAIN], [MAIN, TEST], [MAIN, GPU]):
         args = [a for f in files for a in ("-f", str(ROOT / f))]
         out = subprocess.run([*compose, "--env-file", str(env_file), *args, "config", "--format", "json"],
-                             capture_output=True, text=True, env={**clean, "SHARED_DATA": "/tmp"}, check=True)
+                             capture_output=True, text=True, check=True,
+                             # a data folder that is above no checkout (a clone under /tmp is one README user's)
+                             env={**clean, "SHARED_DATA": str(tmp_path / "shared-data")})
         services = json.loads(out.stdout)["services"]
         ports = [p for s in services.values() for p in s.get("ports", [])]
         assert ports and all(p["host_ip"] == "127.0.0.1" for p in ports), (files, ports)

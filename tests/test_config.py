@@ -57,6 +57,8 @@ def test_set_options_and_round_trip(tmp_path):
 def test_cells_cover_every_backend_worker_repeat():
     cfg = load_config("smoke", {"repeats": 2, "backends": ["ddp", "spark"], "worker_counts": [1, 2]})
     assert len(cfg.cells()) == 8 and cfg.cells()[0] == ("ddp", "default", "local", 1, 0)
+    # each repeat starts with another platform: none always pays the run's first cell's cold caches
+    assert [c[0] for c in cfg.cells() if c[4] == 1] == ["spark", "spark", "ddp", "ddp"]
 
 
 def test_tracking_uri_is_never_the_working_directory(monkeypatch, tmp_path):

@@ -32,10 +32,10 @@ import re
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
 
+from pipelines.cluster.links import MAX_RATE, MIN_RATE, NetworkSpec  # noqa: F401 (the cluster's links)
 from pipelines.cluster.processes import stop_tree
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -45,47 +45,10 @@ CONTROLLERS = ("cpuset", "memory", "cpuacct", "cpu")  # cpuacct: a host's CPU ti
 SUBNET = "10.213.0"  # /24; only ever configured inside this code's own namespaces
 OWNER_PATTERN = r"^bmc(\d+)s(\d+)-"  # the owner's PID and its start (clock ticks after boot)
 _NAME = re.compile(r"^[a-z0-9_]{1,16}$")
-_RATE = re.compile(r"^(\d+(?:\.\d+)?)(mbit|gbit)$")
-# tc tbf below 1 Mbit/s rounds toward 0 and crawls (a cell with no timeout holding the host lock);
-# above 100 Gbit/s a veth pair is the limit, not the shaping
-MIN_RATE, MAX_RATE = 10**6, 100 * 10**9
-_ALLOWED = ("'unshaped', '10gbit', '1gbit', '100mbit', or a rate '<number>mbit' / '<number>gbit' "
-            "from 1mbit to 100gbit (e.g. '250mbit', '2gbit')")
 # Runs inside the child before the real program: join the cgroups, then exec (same PID throughout:
 # sh execs ip, ip execs the program), so nothing of the program ever runs outside its host.
 _JOIN_AND_EXEC = ('n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 125; shift; '
                   'n=$((n-1)); done; exec "$@"')
-
-
-@dataclass(frozen=True)
-class NetworkSpec:
-    """A host link's bandwidth: ``bits_per_second`` None means unshaped (veth speed)."""
-
-    text: str
-    bits_per_second: int | None
-
-    @classmethod
-    def parse(cls, value: str | NetworkSpec) -> NetworkSpec:
-        if isinstance(value, NetworkSpec):
-            return value
-        text = str(value).strip().lower()
-        if text == "unshaped":
-            return cls(text, None)
-        match = _RATE.match(text)
-        if not match or float(match.group(1)) <= 0:
-            raise ValueError(f"network must be {_ALLOWED}; got {value!r}")
-        scale = 10**6 if match.group(2) == "mbit" else 10**9
-        rate = round(float(match.group(1)) * scale)
-        if not MIN_RATE <= rate <= MAX_RATE:
-            raise ValueError(f"network {value!r}: the rate must be from 1mbit to 100gbit; got {rate / 10**6:g} Mbit/s")
-        return cls(text, rate)
-
-    def tbf_args(self) -> list[str]:
-        """``tc ... tbf`` parameters for this rate (see the module docstring for why these)."""
-        if self.bits_per_second is None:
-            return []
-        burst = max(64 * 1024, self.bits_per_second // 8 // 1000)
-        return ["rate", f"{self.bits_per_second}bit", "burst", str(burst), "latency", "50ms"]
 
 
 def missing_cgroup_controllers(root: Path | None = None, own: Path | None = None) -> list[str]:
@@ -273,8 +236,12 @@ class EmulatedHost:
         return pids
 
     def limit_cpu(self, fraction: float | None) -> int:
-        """This host at ``fraction`` of its cores (CFS quota = fraction x period x cores; None: no limit)."""
+        """This host at ``fraction`` of its share (CFS quota = fraction x the cluster's ``cpu_fraction``
+        x period x cores; None: back to its share, no limit without one)."""
         cpu, cores = self.cgroups[CONTROLLERS.index("cpu")], parse_cpu_list((self.cgroups[0] / "cpuset.cpus").read_text())
+        share = self._cluster.cpu_fraction
+        if share is not None:
+            fraction = share * (1.0 if fraction is None else fraction)
         period = 100_000 if fraction is None else 10_000  # 10 ms: throttled evenly, not in 75 ms gaps
         quota = -1 if fraction is None else max(1000, round(fraction * period * max(1, len(cores))))  # floor: 1 ms
         for name, value in (("quota", -1), ("period", period), ("quota", quota)):  # the period: while unlimited
@@ -303,7 +270,7 @@ class EmulatedCluster:
     """N hosts on one shaped switch; a context manager (``start()`` on enter, ``stop()`` on exit)."""
 
     def __init__(self, name: str, hosts: int = 2, cores_per_host: int = 1,
-                 memory_mb: int | None = None, network: str | NetworkSpec = "1gbit"):
+                 memory_mb: int | None = None, network: str | NetworkSpec = "1gbit", cpu_fraction: float | None = None):
         if not _NAME.match(name):
             raise ValueError(f"cluster name must match {_NAME.pattern}; got {name!r}")
         if not 1 <= hosts <= 200:
@@ -312,6 +279,9 @@ class EmulatedCluster:
             raise ValueError("cores_per_host: only 1 is supported (a host is pinned to one core)")
         if memory_mb is not None and memory_mb <= 0:
             raise ValueError(f"memory_mb must be positive; got {memory_mb}")
+        if cpu_fraction is not None and not 0 < cpu_fraction <= 1:
+            raise ValueError(f"cpu_fraction must be in (0, 1]; got {cpu_fraction}")
+        self.cpu_fraction = cpu_fraction
         self.name, self.n_hosts, self.memory_mb = name, hosts, memory_mb
         self.network = NetworkSpec.parse(network)
         self.prefix = f"{owner_prefix()}-{name}"
@@ -378,6 +348,8 @@ class EmulatedCluster:
             path.mkdir()
         (cpuset / "cpuset.cpus").write_text(str(host.core))
         (cpuset / "cpuset.mems").write_text(str(mem_node))
+        if self.cpu_fraction is not None:
+            host.limit_cpu(None)  # the host's share of its core
         if self.memory_mb is not None:
             limit = str(self.memory_mb * 1024 * 1024)
             (memory / "memory.limit_in_bytes").write_text(limit)

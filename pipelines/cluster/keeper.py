@@ -37,6 +37,7 @@ def state_of(cluster: EmulatedCluster) -> dict:
         "status": "ready", "keeper_pid": os.getpid(), "keeper": identity(os.getpid()), "name": cluster.name,
         "prefix": cluster.prefix,
         "switch_netns": cluster.switch_netns, "network": cluster.network.text, "memory_mb": cluster.memory_mb,
+        "cpu_fraction": cluster.cpu_fraction,
         "cgroup_parents": {c: str(p) for c, p in cluster.cgroup_parents.items()},
         "hosts": [{"name": h.name, "netns": h.netns, "address": h.address, "core": h.core,
                    "cgroups": [str(c) for c in h.cgroups]} for h in cluster.hosts],
@@ -50,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hosts", type=int, required=True)
     parser.add_argument("--network", required=True)
     parser.add_argument("--memory-mb", type=int)
+    parser.add_argument("--cpu-fraction", type=float, help="each host's CPU quota, a share of its core")
     parser.add_argument("--owner-pid", type=int, help="stop the cluster when this process ends")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s keeper[%(process)d]: %(message)s")
@@ -57,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, lambda *_: stop.set())
-    cluster = EmulatedCluster(args.name, hosts=args.hosts, memory_mb=args.memory_mb, network=args.network)
+    cluster = EmulatedCluster(args.name, hosts=args.hosts, memory_mb=args.memory_mb, network=args.network,
+                              cpu_fraction=args.cpu_fraction)
     with cluster:
         atomic_write_json(args.state, state_of(cluster))
         log.info("cluster %s up: %s", cluster.prefix, cluster.hosts)

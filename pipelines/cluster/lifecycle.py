@@ -106,6 +106,8 @@ def start(paths: RunPaths, config: BenchmarkConfig, tied_to_caller: bool = False
             "--hosts", str(config.cluster.hosts), "--network", config.networks()[0]]
     if config.cluster.memory_mb_per_host:
         argv += ["--memory-mb", str(config.cluster.memory_mb_per_host)]
+    if config.cluster.cpu_per_host:
+        argv += ["--cpu-fraction", str(config.cluster.cpu_per_host)]
     if tied_to_caller:
         argv += ["--owner-pid", str(os.getpid())]
     with open(paths.cluster / "keeper.log", "a") as out:
@@ -152,6 +154,7 @@ def attach(state: dict) -> EmulatedCluster:
     and be shaped; stopping it stays the keeper's."""
     cluster = EmulatedCluster.__new__(EmulatedCluster)
     cluster.name, cluster.n_hosts, cluster.memory_mb = state["name"], len(state["hosts"]), state["memory_mb"]
+    cluster.cpu_fraction = state.get("cpu_fraction")
     cluster.network = NetworkSpec.parse(state["network"])
     cluster.prefix, cluster.switch_netns = state["prefix"], state["switch_netns"]
     cluster.processes, cluster.started = [], False  # not ours to stop

@@ -255,10 +255,13 @@ class BenchmarkConfig(BaseModel):
     def cells(self) -> list[tuple[str, str, str, int, int]]:
         """Every (backend, strategy name, network, workers, repeat) training cell of this run,
         in a stable order. Strategies about how ranks talk (comm hooks, local SGD, FSDP) have no
-        1-worker cell: they do not apply there (``not_applicable_cells`` lists them)."""
+        1-worker cell: they do not apply there (``not_applicable_cells`` lists them). Repeat r starts
+        with the r-th platform, so no platform always pays the run's first cell's cold caches."""
         m = self.matrix
-        return [(b, s.name, net, n, r) for r in range(m.repeats) for b in m.backends for s in m.strategies
-                for net in self.networks() for n in m.worker_counts if n > 1 or not s.needs_process_group]
+        return [(b, s.name, net, n, r) for r in range(m.repeats)
+                for b in m.backends[r % len(m.backends):] + m.backends[:r % len(m.backends)]
+                for s in m.strategies for net in self.networks() for n in m.worker_counts
+                if n > 1 or not s.needs_process_group]
 
     def not_applicable_cells(self) -> list[tuple[str, int]]:
         """(strategy name, workers) pairs left out of ``cells``: nothing to communicate."""

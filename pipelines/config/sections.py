@@ -197,7 +197,7 @@ NETWORK_SSH = "ssh"  # real machines: whatever their network is
 def check_network(name: str) -> str:
     """A network a cell may run on: ``local``, ``ssh`` or an emulated link (``unshaped``,
     ``10gbit``, ``1gbit``, ``100mbit``, ``<n>mbit``, ``<n>gbit``)."""
-    from pipelines.cluster.emulated import NetworkSpec
+    from pipelines.cluster.links import NetworkSpec
 
     name = str(name).strip().lower()
     if name in (NETWORK_LOCAL, NETWORK_SSH):
@@ -212,6 +212,9 @@ class ClusterConfig(Section):
     kind: Literal["local", "emulated", "ssh"] = "local"
     hosts: int = Field(2, ge=1, le=16)  # emulated: how many
     cores_per_host: int = Field(1, ge=1, le=1)  # emulated: a host is pinned to one core
+    # emulated: each host's CPU quota, a share of its core (0.5: half a core, so 4 hosts on 2 cores
+    # do not share time); None: the whole core. The what-if model reads it (pipelines.whatif)
+    cpu_per_host: float | None = Field(None, gt=0, le=1)
     # emulated: a memory cgroup limit (at most this machine's memory: checked when the hosts are built)
     memory_mb_per_host: int | None = Field(None, ge=256, le=4 * 1024 * 1024)
     # ssh: "user@host[:port]" per machine, node 0 first; the run folder and this project's Python must
@@ -239,6 +242,33 @@ class ProjectedJob(Section):
     train_samples: int = Field(25_000, ge=1, le=10**9)  # training reviews per epoch
     epochs: int = Field(20, ge=1, le=100_000)
     test_samples: int = Field(25_000, ge=0, le=10**9)  # reviews of the final test (0: none)
+
+
+class WhatIfConfig(Section):
+    """The cluster and job the what-if model is asked about (``pipelines.whatif``; the report's "Your
+    cluster"): ``hosts`` machines of ``workers_per_host`` ranks linked at ``network``, each rank's
+    training step ``step_ms`` on the target device for this model and per-rank batch; without it,
+    the step that makes the reference platform (DDP) take ``reference_seconds`` for ``job`` on
+    ``reference_workers`` hosts of one rank (the study's 499 s on 2 GPUs), or with neither, this
+    run's own device. Default: the study's 3 nodes x 1 GPU and its job, at its 499 s."""
+
+    hosts: int = Field(3, ge=1, le=10_000)
+    workers_per_host: int = Field(1, ge=1, le=1024)
+    # "unshaped" (as fast as the hosts can talk), or a link rate "25gbit", "100mbit" (1mbit to 100gbit)
+    network: str = "10gbit"
+    step_ms: float | None = Field(None, gt=0, le=3_600_000)
+    reference_seconds: float | None = Field(499.0, gt=0)
+    reference_workers: int = Field(2, ge=1, le=10_000)
+    # each host's CPU as a share of what this run's hosts had (0.5: half as fast; None: the same)
+    cpu_share: float | None = Field(None, gt=0, le=64)
+    job: ProjectedJob = Field(default_factory=ProjectedJob)
+
+    @field_validator("network")
+    @classmethod
+    def _rate(cls, v: str) -> str:
+        from pipelines.cluster.links import NetworkSpec
+
+        return NetworkSpec.parse(v).text  # ValueError names what is allowed (at least 1mbit)
 
 
 class TrackingConfig(Section):
@@ -270,6 +300,8 @@ class TrackingConfig(Section):
     # the job the verdict and "Beside the published study" project each platform's total to: the
     # study's by default; set a team's own (``--set 'projected_job={"train_samples": 5000, "epochs": 3}'``)
     projected_job: ProjectedJob = Field(default_factory=ProjectedJob)
+    # the cluster the report's "Your cluster" asks the what-if model about (pipelines.whatif)
+    whatif: WhatIfConfig = Field(default_factory=WhatIfConfig)
 
 
 SECTIONS: dict[str, type[BaseModel]] = {"data": DataConfig, "training": TrainingConfig, "matrix": MatrixConfig,

@@ -26,7 +26,8 @@ import json
 import logging
 from collections.abc import Iterator
 
-from pipelines.cluster.emulated import CONTROLLERS, MIN_RATE, NetworkSpec
+from pipelines.cluster.emulated import CONTROLLERS
+from pipelines.cluster.links import MIN_RATE, NetworkSpec
 from pipelines.runfolder.fileio import atomic_write_json
 from pipelines.runfolder.paths import CellPaths
 

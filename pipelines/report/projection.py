@@ -18,7 +18,7 @@ from pipelines.runfolder.summary import Aggregate, Job, Projection, RunSummary
 FIXED_PERCENT = 5  # pipelines.run.projection.FIXED_SHARE, as the report says it
 
 PROJECTION_COLUMNS = ["platform", "workers", "fixed s", "epoch s: first / steady", "ms per review-epoch",
-                      "projected total s", "vs ddp (projected)", "fixed share", "fixed under 5 % from"]
+                      "projected total s (95 %)", "vs ddp (projected)", "fixed share", "fixed under 5 % from"]
 
 
 def job_text(job: Job) -> str:
@@ -71,7 +71,9 @@ def projection_rows(summary: RunSummary) -> list[list[str]]:
             str(a.backend), workers, _fmt(a.fixed_seconds),
             f"{_fmt(a.first_epoch_seconds)} / {_fmt(a.steady_epoch_seconds)}",
             "n/a" if a.per_sample_seconds is None else f"{a.per_sample_seconds * 1000:.3f}",
-            f"{p.total_seconds:,.0f}", _fmt(versus, "pct"), f"{p.fixed_share * 100:.1f} %", fixed_under_text(a),
+            f"{p.total_seconds:,.0f}" + (f" ({p.low_seconds:,.0f}-{p.high_seconds:,.0f})"
+                                         if p.low_seconds is not None and p.high_seconds is not None else ""),
+            _fmt(versus, "pct"), f"{p.fixed_share * 100:.1f} %", fixed_under_text(a),
         ])
     return rows
 
@@ -90,7 +92,8 @@ def projection_lines(summary: RunSummary) -> list[str]:
             "the epochs after the first (a 1-epoch cell has only its first epoch, which then stands for every "
             "epoch); the first epoch's extra over it is paid once. Projected total = fixed + that warm-up + "
             "the job's epochs x its reviews x the seconds per review-epoch + the final test scaled to the job's "
-            "test reviews. 'Fixed under 5 % from': the job length (reviews x epochs; in brackets, epochs of "
+            "test reviews; in brackets its 95 % interval, from the what-if model's fit of the run's cells and "
+            "repeats (`pipelines/whatif`). 'Fixed under 5 % from': the job length (reviews x epochs; in brackets, epochs of "
             f"this run's training set) from which the fixed cost stays under {FIXED_PERCENT} % of the total "
             "(the final test left out: it only lowers the share). Set your own job with "
             "`tracking.projected_job` (train_samples, epochs, test_samples)."]

@@ -23,6 +23,7 @@ from pipelines.report.faults import faults_markdown
 from pipelines.report.stragglers import healthy_references, stragglers_markdown
 from pipelines.report.what_it_takes import what_it_takes_markdown
 from pipelines.report.study import _study_lines
+from pipelines.report.whatif import WhatIfSections, whatif_sections
 from pipelines.report.tables import (_code, _md_table, _phase_lines, _strategy_lines, _text,
                                      comparison_tables, platform_view)
 from pipelines.report.verdict import CHART as VERDICT_CHART
@@ -133,7 +134,8 @@ def _lists_apart(markdown_text: str) -> str:
 
 
 def render_markdown(config: BenchmarkConfig, summary: RunSummary, plots: list[Path],
-                    verdict: Verdict | None = None, costs: str | None = None, faults: str | None = None) -> str:
+                    verdict: Verdict | None = None, costs: str | None = None, faults: str | None = None,
+                    whatif: WhatIfSections | None = None) -> str:
     """The report's Markdown: the verdict first, then the comparison, the other sections and the plots
     (``plots``: the PNGs, the verdict's chart among them or not: it is shown under the verdict).
     ``costs``: the "What each platform costs" section as Markdown with its own "## " title
@@ -150,7 +152,8 @@ def render_markdown(config: BenchmarkConfig, summary: RunSummary, plots: list[Pa
         *([("Training strategies", _strategy_lines(full, config))]
           if len(config.matrix.strategies) > 1 or not config.matrix.strategies[0].is_default else []),
         *([("Network", network_lines(full, config))] if has_networks(full) else []),
-        ("Beside the published study", _study_lines(summary)),
+        ("Beside the published study", _study_lines(summary) + (whatif.study if whatif else [])),
+        *([("Your cluster (predicted)", whatif.your_cluster)] if whatif else []),
         ("Where the time goes", _phase_lines(summary)),
         ("Training setup", _batch_policy_lines(config)),
         ("Fault tolerance (resumed cells)", _recovery_lines(summary)),
@@ -245,7 +248,8 @@ def build_report(config: BenchmarkConfig, paths: RunPaths) -> dict[str, Any]:
     timeline_plots(by_cell, paths.cells, paths.report)  # report/timeline-<cell>.png, shown by the costs section
     md = render_markdown(config, full, plots, verdict, costs=costs_markdown(full, by_cell, paths.report),
                          faults="\n\n".join(filter(None, [faults_markdown(by_cell), stragglers_markdown(
-                             by_cell, healthy_references(paths.root, config.fingerprint(), list(by_cell)))])) or None)
+                             by_cell, healthy_references(paths.root, config.fingerprint(), list(by_cell)))])) or None,
+                         whatif=whatif_sections(config, paths))
     atomic_write_text(paths.report_markdown, md)
     atomic_write_text(paths.report_html, render_html(md, paths.report))
     log.info("report written to %s", paths.report)

@@ -131,12 +131,15 @@ def main_phase(a: Aggregate, fastest: Aggregate) -> tuple[str, float] | None:
     return (phase, extra[phase]) if extra[phase] > 0 else None
 
 
-def _overlap(a: Aggregate, b: Aggregate) -> bool:
-    """Both medians rest on 2+ repeats and their 95 % intervals overlap: the gap is within the noise."""
-    x, y = a.total_seconds_ci, b.total_seconds_ci
-    if min(x.n, y.n) < 2 or None in (x.low, x.high, y.low, y.high):
-        return False
-    return x.low <= y.high and y.low <= x.high
+def _overlap(a: Aggregate, b: Aggregate) -> str | None:
+    """Where their 95 % intervals overlap, the gap is within the noise: the repeats' intervals where
+    both medians rest on 2+ repeats, else the what-if fit's (pipelines.whatif); which, or None."""
+    for name, x, y in (("the repeats'", a.total_seconds_ci, b.total_seconds_ci),
+                       ("the what-if fit's", a.total_seconds_fit, b.total_seconds_fit)):
+        if None in (x.low, x.high, y.low, y.high) or (name == "the repeats'" and min(x.n, y.n) < 2):
+            continue
+        return name if x.low <= y.high and y.low <= x.high else None
+    return None
 
 
 def _names(aggs: list[Aggregate]) -> str:
@@ -152,8 +155,9 @@ def _overhead(a: Aggregate, fastest: Aggregate) -> Parts:
     phase = main_phase(a, fastest)
     if phase:
         parts += _say(", most of it in {phase} (+{extra:.2f} s)", phase=phase[0], extra=phase[1])
-    if _overlap(a, fastest):
-        parts += _say(", within the repeats' 95 % intervals")
+    whose = _overlap(a, fastest)
+    if whose:
+        parts += _say(", within {whose} 95 % intervals: within noise, no ranking", whose=whose)
     return parts
 
 
@@ -204,6 +208,14 @@ def _rest_finding(rest: list[tuple[str, list[Aggregate]]]) -> Finding:
 
 # --- projected to the job -----------------------------------------------------------------------------
 
+def _projections_overlap(a, b) -> bool:
+    """Two projections whose 95 % intervals (the what-if fit's, over the repeats) overlap: the
+    data do not say which is faster. Without intervals (no fit), they are not said to overlap."""
+    if None in (a.low_seconds, a.high_seconds, b.low_seconds, b.high_seconds):
+        return False
+    return a.low_seconds <= b.high_seconds and b.low_seconds <= a.high_seconds
+
+
 def _projection_finding(summary: RunSummary, told: list[tuple[str, list[Aggregate]]]) -> Finding | None:
     """Each told group's platforms ranked by their total projected to the summary's job, and the
     job lengths from which their fixed costs stay under 5 %."""
@@ -212,15 +224,21 @@ def _projection_finding(summary: RunSummary, told: list[tuple[str, list[Aggregat
         ranked = projected(aggs)
         if not ranked:
             continue
-        best = ranked[0][1].total_seconds
+        lead = ranked[0][1]
+        best = lead.total_seconds
         piece = _say("at {label} {b} {t:,.0f} s", label=label, b=str(ranked[0][0].backend), t=best)
         for a, proj in ranked[1:]:
             piece += _say(", {b} {pct:+.1f} %", b=str(a.backend), pct=(proj.total_seconds / best - 1) * 100)
+            if _projections_overlap(lead, proj):
+                piece += _say(" (within noise)")
         pieces.append(piece)
     if not pieces:
         return None
     parts = _say("Projected to {job} from each cell's fixed and per-epoch seconds: ", job=job_text(summary.job))
     parts += _joined(pieces, "; ") + [(".", False)]
+    if any(text == " (within noise)" for piece in pieces for text, _ in piece):
+        parts += _say(" Within noise: the 95 % intervals of the what-if fit (over the cells and repeats) overlap, "
+                      "so these data do not say which is faster.")
     ends = fixed_range([a for _, aggs in told for a in aggs])
     if ends:
         low, high = (_say("{n:,.0f} reviews x epochs ({b}, {w} worker{s})", b=str(a.backend), w=a.workers,

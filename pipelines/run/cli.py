@@ -5,6 +5,7 @@
     python -m pipelines train --backend ddp --workers 4 --run-dir R --node-rank 1   # 2nd node
     python -m pipelines run   --profile smoke --output runs
     python -m pipelines report runs/<run_id> [--tracking-uri URI]   # re-report from the folder alone
+    python -m pipelines whatif runs/<run_id> --hosts 8 --workers-per-host 4 --network 25gbit --step-ms 12
 
 ``--output`` is the output root; each invocation works in ``<output>/<run_id>/`` (``--run-id``
 names it; default ``<profile>-<UTC timestamp>``). Pass ``--run-dir`` to continue in an existing
@@ -72,7 +73,67 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("run_dir")
     report.add_argument("--no-mlflow", action="store_true", help="write files only")
     report.add_argument("--tracking-uri", help="log to this MLflow store instead of the run's")
+    whatif = sub.add_parser("whatif", help="each platform's time on another cluster, device or job, from the "
+                                           "model fitted on the run's cells (pipelines.whatif)")
+    whatif.add_argument("run_dir", nargs="+", help="run folder(s) whose cells the model is fitted on")
+    whatif.add_argument("--hosts", type=int, required=True, help="machines in the target cluster")
+    whatif.add_argument("--workers-per-host", type=int, default=1, help="ranks (GPUs) per machine")
+    whatif.add_argument("--network", default="10gbit", help="the hosts' links: 'unshaped' or a rate (25gbit, 100mbit)")
+    whatif.add_argument("--step-ms", type=float, help="the target device's training step (ms) for this model and "
+                                                        "per-rank batch; default: the run's own device")
+    whatif.add_argument("--reference-seconds", type=float,
+                        help="instead of --step-ms: the step at which the reference platform takes this long "
+                             "for the job on --reference-workers hosts (the study: 499 on 2)")
+    whatif.add_argument("--reference-workers", type=int, default=2)
+    whatif.add_argument("--cpu-share", type=float, help="each host's CPU as a share of the run's hosts' (0.5: half)")
+    whatif.add_argument("--job", default="25000x20", help="REVIEWSxEPOCHS[xTEST_REVIEWS] (default 25000x20, "
+                                                          "tested on as many reviews as trained)")
+    whatif.add_argument("--json", action="store_true", help="print the answer as JSON")
     return parser
+
+
+_WHATIF_FLAGS = {"hosts": "--hosts", "workers_per_host": "--workers-per-host", "network": "--network",
+                 "step_ms": "--step-ms", "reference_seconds": "--reference-seconds",
+                 "reference_workers": "--reference-workers", "cpu_share": "--cpu-share", "job": "--job"}
+
+
+def whatif_target(args: argparse.Namespace):
+    """The question, checked before anything is read or computed: ConfigError names the flag."""
+    from pydantic import ValidationError
+
+    from pipelines.config.sections import WhatIfConfig
+
+    parts = str(args.job).lower().split("x")
+    if len(parts) not in (2, 3) or not all(p.strip().isdigit() for p in parts):
+        raise ConfigError(f"--job: {args.job!r} is not REVIEWSxEPOCHS[xTEST_REVIEWS] (e.g. 25000x20)")
+    job = {"train_samples": int(parts[0]), "epochs": int(parts[1]),
+           "test_samples": int(parts[2]) if len(parts) == 3 else int(parts[0])}
+    try:
+        return WhatIfConfig(hosts=args.hosts, workers_per_host=args.workers_per_host, network=args.network,
+                            step_ms=args.step_ms, reference_seconds=args.reference_seconds,
+                            reference_workers=args.reference_workers, cpu_share=args.cpu_share, job=job)
+    except ValidationError as err:
+        raise ConfigError("; ".join(f"{_WHATIF_FLAGS.get(str(e['loc'][0]), e['loc'][0])}"
+                                    f"{'.' + '.'.join(map(str, e['loc'][1:])) if len(e['loc']) > 1 else ''}: "
+                                    f"{e['msg']} (got {e.get('input')!r})" for e in err.errors())) from None
+
+
+def _whatif(args: argparse.Namespace) -> int:
+    from pipelines import whatif
+    from pipelines.whatif.answer import ask, text
+    from pipelines.whatif.predict import WhatIfError
+
+    target = whatif_target(args)
+    for run_dir in args.run_dir:
+        if not RunPaths.is_run_folder(Path(run_dir)):
+            raise ConfigError(f"{run_dir}: no config.json there (not a run folder)")
+    try:
+        model = whatif.load_model(args.run_dir[0]) if len(args.run_dir) == 1 else whatif.fit_runs(args.run_dir)
+        answer = ask(model, target, platforms.reference())
+    except (whatif.NoFinishedCell, WhatIfError) as err:
+        raise ConfigError(str(err)) from None
+    print(json.dumps(answer.as_json(), indent=2) if args.json else text(answer))
+    return 0
 
 
 def _run_dir(args: argparse.Namespace) -> str:
@@ -101,6 +162,8 @@ def _ensure_data(run_dir: str) -> None:
 
 
 def _command(args: argparse.Namespace) -> int:
+    if args.command == "whatif":
+        return _whatif(args)
     if args.command == "report":
         if not RunPaths.is_run_folder(Path(args.run_dir)):
             raise ConfigError(f"{args.run_dir}: no config.json there (not a run folder)")

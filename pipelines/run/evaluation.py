@@ -34,6 +34,7 @@ import statistics
 from pipelines import platforms
 from pipelines.run import services
 from pipelines.config import BenchmarkConfig
+from pipelines import whatif
 from pipelines.run import projection
 from pipelines.measure import footprint
 from pipelines.run.hardware import hardware
@@ -301,6 +302,7 @@ def evaluate_run(config: BenchmarkConfig, paths: RunPaths) -> RunSummary:
         if result.status != "ok":
             failed.append(FailedCell(cell=name, error=result.error or "failed (no error recorded)"))
     ok_results = [r for r in cells.values() if isinstance(r, CellResult) and r.status == "ok"]
+    finished = {cell_name(b, w, r, s, net): res for (b, s, net, w, r), res in cells.items() if isinstance(res, CellResult)}
     costs = [r.cost for r in rows if r.status == "ok"]
     summary = RunSummary(
         run=paths.root.name, profile=config.profile, fingerprint=config.fingerprint(),
@@ -318,12 +320,31 @@ def evaluate_run(config: BenchmarkConfig, paths: RunPaths) -> RunSummary:
         cost_total=sum(c for c in costs if c is not None) if any(c is not None for c in costs) else None,
         standing_clusters={name: [s["provision_seconds"] for s in starts]
                            for name, starts in services.read_record(paths).items()},
-        what_it_takes=footprint.what_it_takes(
-            {cell_name(b, w, r, s, net): res for (b, s, net, w, r), res in cells.items() if isinstance(res, CellResult)}),
+        what_it_takes=footprint.what_it_takes(finished),
     )
+    _fit_intervals(summary, whatif.write_model(paths, finished))
     summary.write(paths)
     log.info("summary: %d cells, %d failed -> %s", len(rows), len(failed), paths.summary)
     return summary
+
+
+def _fit_intervals(summary: RunSummary, model) -> None:
+    """Each aggregate's total and projection get a 95 % interval from the what-if model (fitted on the
+    run's cells, repeats included): its relative interval for the same cells (and the job), applied
+    to the measured median (and the projected total)."""
+    if model is None:
+        return
+
+    def scaled(value: float, job=None) -> tuple[float, float] | None:
+        pred = whatif.own_cluster(model, str(a.backend), a.strategy, a.workers, a.network, job)
+        return None if pred is None or pred.total <= 0 else (value * pred.low / pred.total,
+                                                             value * pred.high / pred.total)
+
+    for a in summary.aggregates:
+        if a.total_seconds.median is not None and (bounds := scaled(a.total_seconds.median)):
+            a.total_seconds_fit = Interval(low=bounds[0], high=bounds[1], n=a.repeats_ok)
+        if a.projection is not None and (bounds := scaled(a.projection.total_seconds, summary.job)):
+            a.projection.low_seconds, a.projection.high_seconds = bounds
 
 
 def summary_metrics(summary: RunSummary) -> dict[str, float]:

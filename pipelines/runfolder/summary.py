@@ -55,6 +55,10 @@ class Projection(BaseModel):
     # fixed cost stays under 5 % of the total (final test not counted); None: it never does
     fixed_under_5pct_sample_epochs: float | None = None
     fixed_under_5pct_epochs: int | None = None
+    # the 95 % interval of total_seconds, from the repeats and the what-if model's fit (pipelines.whatif:
+    # its prediction of this cell's own cluster and the job, its relative interval); None: not fitted
+    low_seconds: float | None = None
+    high_seconds: float | None = None
 
 
 class CellRow(BaseModel):
@@ -149,6 +153,9 @@ class Aggregate(BaseModel):
     test_accuracy: Stats
     test_f1: Stats
     total_seconds_ci: Interval = Field(default_factory=Interval)
+    # 95 % interval of the median total from the what-if model's fit of the run's cells (pipelines.whatif:
+    # its prediction of these cells, its relative interval): the verdict's noise where repeats give none
+    total_seconds_fit: Interval = Field(default_factory=Interval)
     test_accuracy_ci: Interval = Field(default_factory=Interval)
     resumed_cells: int = 0
     recovery_seconds: float | None = None  # median over the resumed repeats

@@ -75,7 +75,7 @@ def _band(metric: str, kind: str | None, scale: float, reg: dict[str, Any] | Non
 
 def _network_order(agg: dict[str, Any]) -> tuple[int, float]:
     """Local first, then the links fastest first (unshaped, 10gbit, 1gbit, 100mbit), unknown last."""
-    from pipelines.cluster.emulated import NetworkSpec
+    from pipelines.cluster.links import NetworkSpec
 
     network = agg.get("network") or "local"
     if network == "local":

@@ -364,6 +364,16 @@ def test_dags_test_runs_the_whole_benchmark(airflow_home, tmp_path, imdb_dir, be
         retried = ["failed", "failed", "ok"] if backend == "ddp" else ["ok"]
         assert [a["outcome"] for a in result["attempts"]] == retried, backend
     assert {"report.html", "report.md", "summary.json"} <= {p.name for p in (run_dir / "report").iterdir()}
+    # the what-if model was fitted on the run's cells and saved with it: a smoke run folder answers
+    # (ddp's last attempt trained no epoch after its retries: it teaches nothing, and is not asked)
+    assert "## Your cluster (predicted)" in (run_dir / "report" / "report.md").read_text()
+    asked = subprocess.run([sys.executable, "-m", "pipelines", "whatif", str(run_dir), "--hosts", "4",
+                            "--network", "25gbit", "--step-ms", "5", "--json"], capture_output=True, text=True,
+                           cwd=PROJECT_ROOT, timeout=120)
+    assert asked.returncode == 0, asked.stderr[-3000:]
+    answer = json.loads(asked.stdout)
+    assert {p["platform"] for p in answer["predictions"]} == {"spark", "determined", "ray"}, answer
+    assert all(p["low_seconds"] <= p["total_seconds"] <= p["high_seconds"] for p in answer["predictions"])
 
 
 @pytest.mark.slow
