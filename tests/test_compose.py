@@ -9,6 +9,7 @@ tests/compose/test_stack.py.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -327,22 +328,154 @@ def test_nothing_runs_as_root():
     assert services["postgres"]["user"] == "postgres" and services["redis"]["user"] == "redis"
 
 
-def test_celery_workers_may_unshare_for_their_cells_and_keep_no_capability():
-    """The workers' seccomp profile lets a cell make its own user + network namespace (the stack
-    test sees the cells run there) and a driver enter the run's (setns: a worker without capability
-    enters only namespaces of a user namespace it made), and refuses, on every ABI of the machine,
-    the calls Docker's default profile keeps from a container without CAP_SYS_ADMIN that a cell never needs."""
-    worker = render(secrets_env())["services"]["airflow-worker"]
-    assert worker["security_opt"] == ["seccomp=./docker/seccomp/cells.json"] and worker["cap_drop"] == ["ALL"]
-    profile = json.loads((ROOT / "docker" / "seccomp" / "cells.json").read_text())
-    denied = {name for rule in profile["syscalls"] if rule["action"] == "SCMP_ACT_ERRNO" for name in rule["names"]}
-    assert profile["defaultAction"] == "SCMP_ACT_ALLOW" and not {"unshare", "clone", "setns"} & denied
-    assert {"mount", "umount2", "pivot_root", "init_module", "finit_module", "kexec_load", "bpf", "keyctl",
-            "perf_event_open", "userfaultfd", "open_by_handle_at", "reboot", "swapon"} <= denied
-    arches = {a["architecture"]: set(a["subArchitectures"]) for a in profile["archMap"]}
+SECCOMP = ROOT / "docker" / "seccomp"
+NO_NEW_PRIVILEGES = "no-new-privileges:true"
+CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
+# every other namespace flag, and CLONE_FS / CLONE_FILES (unshare), CLONE_NEWTIME
+OTHER_NAMESPACES = {"CLONE_NEWNS": 0x20000, "CLONE_NEWPID": 0x20000000, "CLONE_NEWIPC": 0x08000000,
+                    "CLONE_NEWUTS": 0x04000000, "CLONE_NEWCGROUP": 0x02000000, "CLONE_NEWTIME": 0x80}
+
+
+def _make_profile():
+    """docker/seccomp/make_profile.py (not a package: loaded from its path)."""
+    spec = importlib.util.spec_from_file_location("make_profile", SECCOMP / "make_profile.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _cells_profile() -> dict:
+    return json.loads((SECCOMP / "cells.json").read_text())
+
+
+def _applies_without_capabilities(rule: dict) -> bool:
+    """Whether dockerd keeps ``rule`` for an amd64 container that holds no capability (cap_drop: ALL)."""
+    includes, excludes = rule.get("includes", {}), rule.get("excludes", {})
+    if includes.get("caps") or "amd64" in excludes.get("arches", []):
+        return False
+    return not includes.get("arches") or "amd64" in includes["arches"]
+
+
+def _holds(cond: dict, args: tuple[int, ...]) -> bool:
+    """One of a rule's argument conditions (the operators the profiles use), for the call ``args``."""
+    value = args[cond["index"]] if cond["index"] < len(args) else 0
+    if cond["op"] == "SCMP_CMP_MASKED_EQ":  # value = the mask, valueTwo = what the masked bits must be
+        return value & cond["value"] == cond.get("valueTwo", 0)
+    if cond["op"] == "SCMP_CMP_EQ":
+        return value == cond["value"]
+    assert cond["op"] == "SCMP_CMP_NE", cond
+    return value != cond["value"]
+
+
+def _action(profile: dict, name: str, *args: int) -> tuple[str, int]:
+    """(action, errno) the profile takes on ``name(*args)`` in such a container: the first rule that
+    applies and whose conditions all hold, else the default."""
+    for rule in profile["syscalls"]:
+        if (name in rule["names"] and _applies_without_capabilities(rule)
+                and all(_holds(cond, args) for cond in rule.get("args") or [])):
+            return rule["action"], rule.get("errnoRet", 0)
+    return profile["defaultAction"], profile.get("defaultErrnoRet", 1)
+
+
+def _allowed(profile: dict, name: str, *args: int) -> bool:
+    return _action(profile, name, *args)[0] == "SCMP_ACT_ALLOW"
+
+
+def _ever_allowed(profile: dict) -> set[str]:
+    """The calls such a container may make with some arguments."""
+    return {n for rule in profile["syscalls"] if rule["action"] == "SCMP_ACT_ALLOW"
+            and _applies_without_capabilities(rule) for n in rule["names"]}
+
+
+def test_workers_seccomp_profile_is_dockers_default_plus_unshare_and_setns():
+    """cells.json is what make_profile.py derives from Docker's default profile (the pinned copy in
+    docker/seccomp/docker-default.json): its rules, unchanged and in order, then the two additions."""
+    make = _make_profile()
+    base = make.load_base()  # refuses a copy whose sha256 is not the pinned one
+    assert (SECCOMP / "cells.json").read_text() == make.render(make.derive(base)), \
+        "cells.json is stale: python docker/seccomp/make_profile.py"
+    profile = _cells_profile()
+    assert {k: v for k, v in profile.items() if k not in ("comment", "syscalls")} == \
+        {k: v for k, v in base.items() if k != "syscalls"}
+    kept, added = profile["syscalls"][:len(base["syscalls"])], profile["syscalls"][len(base["syscalls"]):]
+    assert kept == base["syscalls"]
+    assert [rule["names"] for rule in added] == [["unshare"], ["setns"]]
+    for rule in added:
+        assert rule["action"] == "SCMP_ACT_ALLOW" and rule["args"] and rule["comment"]
+        assert rule["excludes"] == {"caps": ["CAP_SYS_ADMIN"]}  # with it, the base allows them already
+    # every call a worker may make is one Docker's default allows it, or one of the documented additions
+    assert _ever_allowed(profile) == _ever_allowed(base) | {"unshare", "setns"}
+    assert not {"unshare", "setns"} & _ever_allowed(base)
+    # Docker's default itself refuses both to a container without CAP_SYS_ADMIN (why the profile exists)
+    assert not _allowed(base, "unshare", CLONE_NEWUSER | CLONE_NEWNET)
+    assert not _allowed(base, "setns", 3, CLONE_NEWNET)
+
+
+def test_workers_seccomp_profile_refuses_by_default_and_never_io_uring():
+    profile = _cells_profile()
+    assert profile["defaultAction"] == "SCMP_ACT_ERRNO" and profile["defaultErrnoRet"] == 1  # EPERM
+    for rule in profile["syscalls"]:  # under no condition, capability or architecture
+        if rule["action"] == "SCMP_ACT_ALLOW":
+            assert not [n for n in rule["names"] if n.startswith("io_uring")], rule
+    for name in ("io_uring_setup", "io_uring_enter", "io_uring_register"):
+        assert _action(profile, name, 1, 0) == ("SCMP_ACT_ERRNO", 1)
+    # what Docker's default keeps from a container without capability, the workers' profile too
+    for name in ("mount", "umount2", "pivot_root", "init_module", "finit_module", "kexec_load", "bpf",
+                 "perf_event_open", "userfaultfd", "open_by_handle_at", "reboot", "swapon", "fsopen",
+                 "move_mount", "open_tree", "lookup_dcookie", "quotactl", "acct", "settimeofday",
+                 "clock_settime", "iopl", "ioperm", "kcmp", "pidfd_getfd", "chroot", "sethostname", "syslog"):
+        assert not _allowed(profile, name, 0, 0, 0), name
+    arches = {a["architecture"]: set(a["subArchitectures"] or ()) for a in profile["archMap"]}
     assert arches["SCMP_ARCH_X86_64"] == {"SCMP_ARCH_X86", "SCMP_ARCH_X32"}  # no 32-bit way around the list
+
+
+def test_cells_may_unshare_and_setns_user_and_network_namespaces_only():
+    """pipelines/cluster/netns.py: ``unshare --user --map-root-user --net`` (unshare(CLONE_NEWUSER|
+    CLONE_NEWNET)) and ``nsenter --net --user`` (setns with either, or both on a pidfd); no other
+    namespace, and clone/clone3 as Docker has them (no namespace by clone; clone3 ENOSYS for glibc)."""
+    profile = _cells_profile()
+    for flags in (CLONE_NEWUSER | CLONE_NEWNET, CLONE_NEWUSER, CLONE_NEWNET):
+        assert _allowed(profile, "unshare", flags), hex(flags)
+        assert _allowed(profile, "setns", 3, flags), hex(flags)
+    assert _allowed(profile, "setns", 3, 0)  # "any type" (os.setns's default): see make_profile.py
+    for name, flag in {**OTHER_NAMESPACES, "CLONE_FS": 0x200, "CLONE_FILES": 0x400}.items():
+        assert _action(profile, "unshare", CLONE_NEWUSER | CLONE_NEWNET | flag) == ("SCMP_ACT_ERRNO", 1), name
+        assert _action(profile, "unshare", flag) == ("SCMP_ACT_ERRNO", 1), name
+        if name in OTHER_NAMESPACES:
+            assert _action(profile, "setns", 3, flag) == ("SCMP_ACT_ERRNO", 1), name
+            assert not _allowed(profile, "clone", CLONE_NEWUSER | flag), name
+    assert _allowed(profile, "clone", 0x3D0F00)  # a thread: CLONE_VM|CLONE_FS|CLONE_FILES|CLONE_THREAD|...
+    assert not _allowed(profile, "clone", CLONE_NEWUSER | CLONE_NEWNET | 17)  # namespaces only by unshare
+    assert _action(profile, "clone3", 0, 88) == ("SCMP_ACT_ERRNO", 38)  # ENOSYS: glibc falls back to clone
+
+
+def test_celery_workers_run_under_the_cells_profile_and_keep_no_capability():
+    worker = render(secrets_env())["services"]["airflow-worker"]
+    assert worker["security_opt"] == [NO_NEW_PRIVILEGES, "seccomp=./docker/seccomp/cells.json"]
+    assert worker["cap_drop"] == ["ALL"]
     for name in (TEST, GPU):  # the overrides keep it
-        assert "security_opt" not in render(secrets_env(SHARED_DATA="/data"), name)["services"].get("airflow-worker", {})
+        overrides = render(secrets_env(SHARED_DATA="/data"), name)["services"]
+        assert "security_opt" not in overrides.get("airflow-worker", {})
+
+
+def test_every_service_sets_no_new_privileges_and_nothing_needs_a_setuid_binary():
+    services = render(secrets_env())["services"]
+    for name, service in services.items():
+        assert NO_NEW_PRIVILEGES in service.get("security_opt", []), name
+    for name in (TEST, GPU):  # an override naming security_opt would have to keep it: none does
+        for service_name, service in render(secrets_env(SHARED_DATA="/data"), name)["services"].items():
+            assert "security_opt" not in service, f"{name}: {service_name}"
+    # what a service runs on its way to its command: no setuid helper (no-new-privileges makes them fail)
+    setuid_helpers = re.compile(r"\b(sudo|su|gosu|su-exec|newuidmap|newgidmap|ping|chsh|passwd|mount)\b(?!=)")
+    for path in (ROOT / "Dockerfile", *sorted((ROOT / "docker").rglob("*.sh")),
+                 ROOT / "docker" / "postgres" / "Dockerfile", ROOT / "docker" / "redis" / "Dockerfile",
+                 ROOT / "docker" / "mlflow_init.py"):
+        code = [line for line in path.read_text().splitlines() if not line.lstrip().startswith("#")]
+        found = [line for line in code if setuid_helpers.search(line)]
+        assert not found, f"{path.relative_to(ROOT)}: {found}"
+    for service_name, service in services.items():
+        command = service.get("command", "")
+        assert not setuid_helpers.search(" ".join(command) if isinstance(command, list) else command), service_name
 
 
 # --- override files -----------------------------------------------------------------------
@@ -411,3 +544,6 @@ def test_docker_compose_config_refuses_without_secrets_and_binds_loopback(tmp_pa
         assert ports and all(p["host_ip"] == "127.0.0.1" for p in ports), (files, ports)
         binds = {(n, v["source"]) for n, s in services.items() for v in s.get("volumes", []) if v["type"] == "bind"}
         assert binds and not [b for b in binds if _root_or_env(b[1])], (files, binds)  # absolute paths here
+        # Compose's own merge of the overrides keeps every service's no-new-privileges (and the workers' profile)
+        assert all(NO_NEW_PRIVILEGES in s.get("security_opt", []) for s in services.values()), files
+        assert any(o.startswith("seccomp=") for o in services["airflow-worker"]["security_opt"]), files

@@ -13,18 +13,20 @@ nothing outside it reaches them.
   standing on this host (the embedded Spark cluster, the standing Ray head) and every driver that
   uses it (the data stage's tokenization, a standing cell's driver): a cluster and its drivers must
   share one loopback. A holder process keeps it (``<run>/netns/state.json``: its pid, start time and
-  namespace); ``Namespace.prefix`` enters it with ``nsenter``; ``stop_run`` stops every process in it,
-  then the holder. Ownership is proved before any signal: the holder by pid + start time, the
-  processes stopped by being in its namespace.
+  namespace; started under ``<run>/netns/lock``, so two callers never start two); ``Namespace.prefix``
+  enters it with ``nsenter`` through a descriptor of the namespace opened while the holder is proved
+  alive and whose inode is checked, as each command starts (never by pid: a reused pid is not joined);
+  ``stop_run`` stops every process in it, then the holder. Ownership is proved before any signal:
+  the holder by pid + start time, the processes stopped by being in its namespace.
 
 Where neither works (a container whose seccomp profile refuses unshare or setns, user namespaces
 turned off), ``own_problem`` / ``run_problem`` say why; preflight then refuses one-host cells unless
-``cluster.allow_unisolated_cells`` (they would listen on every interface of this host).
+``cluster.allow_unisolated_cells`` (they would listen on every interface of this host), and at launch
+``own()`` / ``ensure_run()`` fail closed (``pipelines.cluster.isolation``).
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
@@ -35,8 +37,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipelines.cluster import netns_entry
+from pipelines.cluster.emulated import process_start
+from pipelines.cluster.isolation import HOST, NONE, OWN, RUN, place, unless_allowed
 from pipelines.cluster.processes import identity, start_session, still, stop_tree
 from pipelines.runfolder.fileio import atomic_write_json
+from pipelines.runfolder.locks import locked
 from pipelines.runfolder.paths import RunPaths
 
 log = logging.getLogger(__name__)
@@ -52,6 +58,7 @@ _HOLD = ("/bin/sh", "-c", "echo ready && exec sleep infinity")
 HOLDER_START_S = 30.0
 STOP_GRACE_S = 10.0
 SWEEP_MIN_AGE_S = 60.0  # a holder younger than this may still be being recorded by ensure_run
+LOCK_WAIT_S = 120.0  # another caller holds the run's lock at most a holder's start and a sweep
 
 
 class NamespaceGone(RuntimeError):
@@ -61,16 +68,22 @@ class NamespaceGone(RuntimeError):
 @dataclass(frozen=True)
 class Namespace:
     """Where a process runs: ``kind`` "own" (a namespace of its own), "run" (the run's) or "host"
-    (this host's: nothing isolated); ``prefix``: the command prefix that puts it there."""
+    (this host's: nothing isolated); ``prefix``: the command prefix that puts it there;
+    ``not_isolated``: why this host's, where a namespace was wanted but could not be made."""
 
     kind: str
     prefix: tuple[str, ...] = ()
     address: str = "127.0.0.1"  # what its processes bind to (a launch host's interface, for free_ports_on)
+    not_isolated: str | None = None
 
     @property
     def name(self) -> str:
         return {"own": "a network namespace of its own", "run": "the run's network namespace"}.get(
             self.kind, "this host's network namespace")
+
+    @property
+    def isolation(self) -> str:  # the result's (pipelines.cluster.isolation)
+        return NONE if self.not_isolated else {"own": OWN, "run": RUN}.get(self.kind, HOST)
 
     def run(self, argv: list[str], env: dict[str, str] | None = None, **popen_kwargs) -> subprocess.Popen:
         """Start ``argv`` there (``pipelines.cluster.processes.free_ports_on`` asks it for ports)."""
@@ -86,15 +99,26 @@ def _probe(cmd: tuple[str, ...]) -> str | None:
     return None if out.returncode == 0 else (out.stderr.strip() or f"exit code {out.returncode}")
 
 
-@functools.lru_cache(maxsize=1)
+_WORKED: set[tuple] = set()  # the setups (tools found, user) whose probe passed; a refusal is tried again
+
+
+def _setup(*tools: str) -> tuple:
+    return (*(shutil.which(tool) for tool in tools), os.geteuid())
+
+
 def own_problem() -> str | None:
-    """Why no command can get a namespace of its own here, or None. Tried once."""
-    missing = [tool for tool in ("unshare", "ip") if shutil.which(tool) is None]
+    """Why no command can get a namespace of its own here, or None. A pass is kept (for the tools
+    on PATH then); a refusal or a time-out is tried again next time (it may have been the load)."""
+    setup = _setup("unshare", "ip")
+    if setup in _WORKED:
+        return None
+    missing = [tool for tool, found in zip(("unshare", "ip"), setup) if found is None]
     if missing:
         return f"{' and '.join(missing)} not installed (util-linux, iproute2)"
     root = os.geteuid() == 0
     said = _probe(_UNSHARE_ROOT if root else _UNSHARE_USER)
     if said is None:
+        _WORKED.add(setup)
         return None
     how = "unshare --net as root" if root else "unshare --user --net (a user namespace: not root)"
     return f"{how} was refused: {said}"
@@ -107,18 +131,31 @@ def own_prefix() -> tuple[str, ...]:
     return _UNSHARE_ROOT if os.geteuid() == 0 else _UNSHARE_USER
 
 
-def own(what: str = "the cell") -> Namespace:
-    """A namespace of its own for a command, or this host's (warned) where none can be made."""
-    if own_problem():
-        log.warning("no private network namespace for %s (%s): its ports are reachable on this host's "
-                    "interfaces", what, own_problem())
-        return Namespace("host")
-    return Namespace("own", own_prefix())
+def _placed(where: Namespace) -> Namespace:
+    place(where.isolation)
+    return where
 
 
-def host() -> Namespace:
-    """This host's namespace: for a driver that reaches a cluster over the network."""
-    return Namespace("host")
+def _exposed(what: str, problem: str, allow_unisolated: bool | None) -> Namespace:
+    """This host's namespace for ``what``, which could get none of its own: ``NotIsolated`` unless allowed."""
+    unless_allowed(what, problem, allow_unisolated)
+    return _placed(Namespace("host", not_isolated=problem))
+
+
+def own(what: str = "the cell", allow_unisolated: bool | None = None) -> Namespace:
+    """A namespace of its own for a command. Where none can be made: ``NotIsolated`` with the
+    reason, or this host's (warned, ``NONE``) when ``allow_unisolated`` (None: as the cell being run
+    says, ``isolation.isolating``; no cell: refused)."""
+    problem = own_problem()
+    if problem:
+        return _exposed(what, problem, allow_unisolated)
+    return _placed(Namespace("own", own_prefix()))
+
+
+def host(not_isolated: str | None = None) -> Namespace:
+    """This host's namespace: for a driver that reaches a cluster over the network; ``not_isolated``:
+    why, where a namespace was wanted (a cluster started exposed: ``NONE``)."""
+    return _placed(Namespace("host", not_isolated=not_isolated))
 
 
 def of_process(pid: int) -> str | None:
@@ -199,16 +236,21 @@ def running(paths) -> bool:
     return bool(found) and still(found["identity"])
 
 
-def enter(found: dict) -> Namespace:
-    """The run's namespace ``found`` (``run_state``) as a place to run a command: ``nsenter`` into
-    its holder's namespace (with its user namespace when not root); no prefix from inside it."""
-    if not still(found["identity"]):
-        raise NamespaceGone(f"the run's network namespace is gone: its holder (pid {found['identity'][0]}) "
-                            "is not running")
+def _enter(found: dict) -> Namespace:
+    pid = found["identity"][0]
+    start = process_start(pid)  # read while the holder is proved to run (before and after)
+    if start is None or not still(found["identity"]):
+        raise NamespaceGone(f"the run's network namespace is gone: its holder (pid {pid}) is not running")
     if of_process(os.getpid()) == found["netns"]:
         return Namespace("run")
-    user = ("--user", "--preserve-credentials") if found["user"] else ()
-    return Namespace("run", ("nsenter", f"--target={found['identity'][0]}", "--net", *user, "--"))
+    return Namespace("run", netns_entry.prefix(pid, start, found["netns"], found["user"]))
+
+
+def enter(found: dict) -> Namespace:
+    """The run's namespace ``found`` (``run_state``) as a place to run a command: ``nsenter`` into
+    its holder's namespace (with its user namespace when not root), proved as each command starts
+    (``pipelines.cluster.netns_entry``); no prefix from inside it. ``NamespaceGone`` once its holder is not running."""
+    return _placed(_enter(found))
 
 
 def _start_holder(folder: Path, tied: bool) -> subprocess.Popen:
@@ -224,53 +266,73 @@ def _start_holder(folder: Path, tied: bool) -> subprocess.Popen:
     return proc
 
 
-@functools.lru_cache(maxsize=1)
 def run_problem() -> str | None:
-    """Why the run's namespace cannot be made and entered here, or None. Tried once (a holder is
-    started, entered with ``true``, and stopped)."""
-    if own_problem():
-        return own_problem()
-    if shutil.which("nsenter") is None:
+    """Why the run's namespace cannot be made and entered here, or None (a holder is started,
+    entered with ``true``, and stopped). A pass is kept, a refusal tried again (``own_problem``)."""
+    problem = own_problem()
+    if problem:
+        return problem
+    setup = _setup("unshare", "ip", "nsenter")
+    if setup in _WORKED:
+        return None
+    if setup[2] is None:
         return "nsenter not installed (util-linux)"
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="netns-probe-") as folder:
         holder = _start_holder(Path(folder), tied=True)
+        found = {"identity": identity(holder.pid), "netns": of_process(holder.pid), "user": os.geteuid() != 0}
         try:
-            found = {"identity": identity(holder.pid), "netns": of_process(holder.pid), "user": os.geteuid() != 0}
-            said = _probe(enter(found).prefix)
+            said = _probe(_enter(found).prefix)
+        except NamespaceGone as err:
+            said = str(err)
         finally:
             stop_tree([holder], 1.0)
-    return None if said is None else f"nsenter into a namespace of this user's was refused: {said}"
+    if said is None:
+        _WORKED.add(setup)
+        return None
+    return f"nsenter into a namespace of this user's was refused: {said}"
 
 
-def ensure_run(paths, tied_to_caller: bool = False) -> Namespace:
-    """The run's namespace, started if none runs (idempotent); this host's (warned) where it cannot
-    be made or entered here. ``tied_to_caller``: it ends with this process (the CLI); else it
-    outlives it until ``stop_run`` (the DAG's teardown)."""
+def ensure_run(paths, tied_to_caller: bool = False, allow_unisolated: bool | None = None) -> Namespace:
+    """The run's namespace, started if none runs (idempotent; under the run's lock, so concurrent
+    callers share one holder). Where it cannot be made or entered here: ``NotIsolated`` with the
+    reason, or this host's (warned, ``NONE``) when ``allow_unisolated`` (None: as the cell being run
+    says, ``isolating``). ``tied_to_caller``: it ends with this process (the CLI); else it outlives it
+    until ``stop_run`` (the DAG's teardown)."""
     found = run_state(paths)
     if found and still(found["identity"]):
         return enter(found)
-    if run_problem():
-        log.warning("no network namespace for the run's standing clusters (%s): their ports are reachable on "
-                    "this host's interfaces", run_problem())
-        return host()
-    stop_run(paths)  # what a dead holder left
-    swept = sweep()
-    if swept:
-        log.warning("stopped %d process(es) left in the namespaces of finished runs: %s", len(swept), swept)
+    problem = run_problem()
+    if problem:
+        return _exposed("the run's standing clusters", problem, allow_unisolated)
     folder = run_folder(paths)
-    folder.mkdir(parents=True, exist_ok=True)
-    holder = _start_holder(folder.resolve(), tied_to_caller)
-    found = {"identity": identity(holder.pid), "netns": of_process(holder.pid), "user": os.geteuid() != 0,
-             "started": time.time()}
-    atomic_write_json(folder / "state.json", found)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with locked(folder / "lock", LOCK_WAIT_S):
+        found = run_state(paths)
+        if found and still(found["identity"]):  # another caller started it while we waited
+            return enter(found)
+        _stop_run(paths)  # what a dead holder left
+        swept = sweep()
+        if swept:
+            log.warning("stopped %d process(es) left in the namespaces of finished runs: %s", len(swept), swept)
+        holder = _start_holder(folder.resolve(), tied_to_caller)
+        found = {"identity": identity(holder.pid), "netns": of_process(holder.pid), "user": os.geteuid() != 0,
+                 "started": time.time()}
+        atomic_write_json(folder / "state.json", found)
     log.info("the run's network namespace is up (%s, holder pid %d)", found["netns"], holder.pid)
     return enter(found)
 
 
 def stop_run(paths) -> list[int]:
     """Stop every process in the run's namespace, then its holder; the pids stopped."""
+    if run_state(paths) is None:
+        return []
+    with locked(run_folder(paths) / "lock", LOCK_WAIT_S):
+        return _stop_run(paths)
+
+
+def _stop_run(paths) -> list[int]:
     found = run_state(paths)
     if found is None:
         return []

@@ -28,6 +28,7 @@ from pipelines.config.sections import (
     EnginesConfig, MatrixConfig, TrackingConfig, TrainingConfig, fault_problem,
 )
 from pipelines.config.strategy import TrainingStrategy
+from pipelines.config.work import work_identity
 
 
 class ConfigError(ValueError):
@@ -306,8 +307,8 @@ class BenchmarkConfig(BaseModel):
         return identity
 
     def fingerprint(self) -> str:
-        """sha256 over ``training_identity``: runs compare only with runs of the same fingerprint."""
-        return hashlib.sha256(json.dumps(self.training_identity(), sort_keys=True).encode()).hexdigest()[:16]
+        """sha256 over ``pipelines.config.work.work_identity``: runs compare only within one fingerprint."""
+        return hashlib.sha256(json.dumps(work_identity(self), sort_keys=True).encode()).hexdigest()[:16]
 
     def flat(self) -> dict[str, Any]:
         """Every field by its flat name, as JSON values (MLflow params keep the names they had)."""

@@ -226,6 +226,11 @@ class ClusterConfig(Section):
     # nsenter refused), preflight refuses the run, since their ports would listen on every interface.
     # true: run them so all the same (each result's resources.listening shows what was open)
     allow_unisolated_cells: bool = deployment(False, env="BENCHMARK_ALLOW_UNISOLATED_CELLS")
+    # torch.distributed has no authentication: its TCP store and gloo listen on the hosts' interfaces
+    # and any peer that connects takes part. A cell whose ranks talk over a real network (ssh hosts, the
+    # compose stack's spark-worker) is refused unless this states that every machine on that network is
+    # trusted (README "Trusted network"); emulated hosts and one host never leave this machine
+    trusted_network: bool = deployment(False, env="BENCHMARK_TRUSTED_NETWORK")
 
     @field_validator("ssh_hosts", mode="before")
     @classmethod

@@ -37,6 +37,7 @@ from pipelines.config import BenchmarkConfig
 from pipelines.data.manifest import SNAPSHOT_SPLITS
 from pipelines.data.validate import require_valid_snapshot
 from pipelines.runfolder.paths import RunPaths
+from pipelines.runfolder.fileio import is_stale_temp, writer_tag
 from pipelines.engines import spark_cluster
 from pipelines.engines.spark_cluster import master_url
 from pipelines.engines.spark_session import get_spark, session_running, stop_spark
@@ -117,9 +118,10 @@ def preprocess(config: BenchmarkConfig, paths: RunPaths) -> dict:
     spark = get_spark(master_url(config, paths), app_name="preprocess", conf=quiet)
     manifest = json.loads(paths.manifest.read_text())
     for stale in paths.root.glob(".tokens.tmp-*"):  # left by a tokenization that was killed
-        log.warning("removing %s, left by an earlier preprocess that did not finish", stale)
-        shutil.rmtree(stale, ignore_errors=True)
-    tmp = paths.root / f".tokens.tmp-{uuid.uuid4().hex[:8]}"
+        if is_stale_temp(stale, ".tokens.tmp-"):  # a live one's (a concurrent preprocess) is its own
+            log.warning("removing %s, left by an earlier preprocess that did not finish", stale)
+            shutil.rmtree(stale, ignore_errors=True)
+    tmp = paths.root / f".tokens.tmp-{writer_tag()}-{uuid.uuid4().hex[:8]}"
     stats: dict = {"rows": {}, "num_shards": {}, "max_seq_len": config.data.max_seq_len,
                    "truncation_side": config.data.truncation_side,
                    "tokenizer_source": config.data.tokenizer_source}

@@ -11,8 +11,11 @@ tokenization and each cell's driver process (``namespace``).
 
 The cluster outlives the process that started it (the DAG starts it in one task and stops it in
 a teardown task), so what is needed to stop it lives in the run folder:
-``<run>/spark-cluster/cluster.json`` (0600 in a 0700 folder: master URL, process ids, owner,
-the cluster's secret) beside the master/worker logs.
+``<run>/spark-cluster/cluster.json`` (0600 in a 0700 folder: master URL, each daemon's pid, start
+time and uid, owner, secret, scratch folder) beside the master/worker logs. ``stop`` signals those
+daemons only while each is proved the same process (``pipelines.cluster.owned``): a reused pid is left
+alone, whatever its command line says. Spark's, Python's and the JVMs' temp files go to a 0700 scratch
+folder made for the cluster (``pipelines.runfolder.scratch``), never a fixed name in /tmp.
 
     start(paths); ...; stop(paths)          # through pipelines.run.services (EMBEDDED_SERVICE):
                                             # the DAG's start_services / stop_services tasks,
@@ -53,12 +56,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from pipelines.cluster import netns
-from pipelines.cluster.processes import free_ports_on, start_session, stop_groups
+from pipelines.cluster import netns, owned
+from pipelines.cluster.processes import free_ports_on, start_session
 from pipelines.config import BenchmarkConfig
+from pipelines.measure.signals import raise_on_sigterm
 from pipelines.runfolder.fileio import atomic_write_json
 from pipelines.runfolder.paths import RunPaths
-from pipelines.measure.signals import raise_on_sigterm
+from pipelines.runfolder.scratch import check_scratch, make_scratch, remove_scratch
 
 log = logging.getLogger(__name__)
 EMBEDDED = "embedded"
@@ -122,11 +126,15 @@ def _owner_mark(pid: int) -> str:
     return f"{pid}:{psutil.Process(pid).create_time():.2f}"
 
 
-def _daemon_env(paths: RunPaths, secret: str, owner: str | None) -> dict[str, str]:
+def _daemon_env(paths: RunPaths, secret: str, owner: str | None, scratch: Path) -> dict[str, str]:
     env = {**os.environ, "SPARK_HOME": str(_spark_home()), "SPARK_LOCAL_IP": "127.0.0.1",
            "SPARK_LOG_DIR": str(paths.spark_cluster), "SPARK_NO_DAEMONIZE": "1",
            "PYSPARK_PYTHON": sys.executable, "_SPARK_AUTH_SECRET": secret,
-           ENV_STATE: str(paths.spark_cluster_info.resolve())}
+           ENV_STATE: str(paths.spark_cluster_info.resolve()),
+           # the cluster's temp files in its scratch folder: the workers' local dirs (shuffle, block managers),
+           # Python's (workers, torchrun, ranks), every JVM's (JAVA_TOOL_OPTIONS: the executors' too)
+           "SPARK_LOCAL_DIRS": str(scratch), "TMPDIR": str(scratch),
+           "JAVA_TOOL_OPTIONS": f"{os.environ.get('JAVA_TOOL_OPTIONS', '')} -Djava.io.tmpdir={scratch}".strip()}
     for key in ("SPARK_MASTER_OPTS", "SPARK_WORKER_OPTS"):
         env[key] = f"{os.environ.get(key, '')} {DAEMON_OPTS}".strip()
     env.pop(ENV_OWNER, None)
@@ -150,30 +158,42 @@ def start(paths: RunPaths, workers: int | None = None, tied_to_caller: bool = Fa
         log.warning("killed %d Spark daemon(s) left by dead runs: %s", len(swept), swept)
     workers = workers or host_workers()
     home, folder = _spark_home(), paths.spark_cluster
-    folder.mkdir(parents=True, exist_ok=True)
-    folder.chmod(0o700)  # the state file holds the secret; logs and work dirs are the run's own
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)  # the state file holds the secret
+    if not folder.is_symlink():
+        folder.chmod(0o700)
+    check_scratch(folder)  # ours, not a link, 0700
     secret = secrets.token_hex(32)
     owner = _owner_mark(os.getpid()) if tied_to_caller else None
-    env = _daemon_env(paths, secret, owner)
     where = where or netns.host()
     port, master_ui, *worker_uis = free_ports_on(where, workers + 2)  # free where the daemons bind them
     url = f"spark://127.0.0.1:{port}"
-    prefix = where.prefix
-    in_run = netns.run_state(paths) if where.kind == "run" else None
+    scratch = make_scratch("spark")
+    env = _daemon_env(paths, secret, owner, scratch)
+    record = {"url": url, "pids": [], "daemons": [], "started": time.time(), "owner": owner, "secret": secret,
+              "scratch": str(scratch), "isolation": where.isolation, "not_isolated": where.not_isolated,
+              "netns": netns.run_state(paths) if where.kind == "run" else None}
+    procs: list[subprocess.Popen] = []
+
+    def started(proc: subprocess.Popen | None = None) -> None:  # recorded at once: stop() stops a failed start
+        if proc is not None:
+            procs.append(proc)
+            record["pids"].append(proc.pid)
+            record["daemons"].append(owned.record(proc.pid))
+        atomic_write_json(paths.spark_cluster_info, record)  # through mkstemp: 0600 from its first byte
+
+    started()  # the scratch folder, before any daemon
     logs = [folder / "master.log", *(folder / f"worker{i}.log" for i in range(1, workers + 1))]
     since = {log_file: _log_size(log_file) for log_file in logs}
-    procs = [_spark_class(home, ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                                 "--port", str(port), "--webui-port", str(master_ui)],
-                          env, folder / "master.log", tied_to_caller, prefix)]
-    _record(paths, url, procs, secret, owner, in_run)  # written at once: a failed start is still stopped by stop()
     try:
+        started(_spark_class(home, ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                                    "--port", str(port), "--webui-port", str(master_ui)],
+                             env, folder / "master.log", tied_to_caller, where.prefix))
         _wait_for_line(logs[0], "I have been elected leader", procs, since[logs[0]])
         for i in range(1, workers + 1):
-            procs.append(_spark_class(home, [
+            started(_spark_class(home, [
                 "org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1", "--cores", "1",
                 "--memory", "1g", "--webui-port", str(worker_uis[i - 1]), "--work-dir", str(folder / f"worker{i}"),
-            ], env, folder / f"worker{i}.log", tied_to_caller, prefix))
-            _record(paths, url, procs, secret, owner, in_run)
+            ], env, folder / f"worker{i}.log", tied_to_caller, where.prefix))
         for i in range(1, workers + 1):
             _wait_for_line(logs[i], "Successfully registered with master", procs, since[logs[i]])
     except BaseException:
@@ -183,14 +203,6 @@ def start(paths: RunPaths, workers: int | None = None, tied_to_caller: bool = Fa
     log.info("embedded Spark cluster up: %s, %d worker(s) x 1 core, authenticated%s (logs: %s)", url,
              workers, ", tied to this process" if tied_to_caller else "", folder)
     return url
-
-
-def _record(paths: RunPaths, url: str, procs: list[subprocess.Popen], secret: str, owner: str | None,
-            in_run: dict | None) -> None:
-    # atomic_write_json writes through mkstemp: the file is 0600 from its first byte
-    atomic_write_json(paths.spark_cluster_info, {"url": url, "pids": [p.pid for p in procs],
-                                                 "started": time.time(), "owner": owner, "secret": secret,
-                                                 "netns": in_run})
 
 
 def driver_namespace(config: BenchmarkConfig, paths: RunPaths) -> netns.Namespace | None:
@@ -203,9 +215,10 @@ def driver_namespace(config: BenchmarkConfig, paths: RunPaths) -> netns.Namespac
 
 def namespace(paths: RunPaths) -> netns.Namespace:
     """Where the run's cluster runs, for a driver using it: the run's network namespace when it
-    was started there (``EmbeddedService``), else this host's."""
-    found = _read(paths).get("netns")
-    return netns.enter(found) if found else netns.host()
+    was started there (``EmbeddedService``), else this host's (``not_isolated``: why, when the run's
+    namespace could not be made and cluster.allow_unisolated_cells let it start exposed)."""
+    info = _read(paths)
+    return netns.enter(info["netns"]) if info.get("netns") else netns.host(info.get("not_isolated"))
 
 
 def _read(paths: RunPaths) -> dict:
@@ -224,38 +237,25 @@ def master_url_of(paths: RunPaths) -> str:
     return info["url"]
 
 
-def _alive(pid: int) -> bool:
-    """The process is running and is one of Spark's (a recycled pid is not ours)."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-    return b"org.apache.spark.deploy" in cmdline
-
-
 def is_running(paths: RunPaths) -> bool:
     if not paths.spark_cluster_info.exists():
         return False
-    return all(_alive(pid) for pid in _read(paths)["pids"])
-
-
-def _terminate(pids: list[int]) -> None:
-    """SIGTERM each process group, SIGKILL them when a daemon still runs after STOP_S; reap our own
-    children (the CLI's case; others are reaped by init)."""
-    stop_groups(pids, STOP_S, kill_wait_s=5.0, alive=_alive)
+    daemons = _read(paths).get("daemons", [])
+    return bool(daemons) and all(owned.ours(d) for d in daemons)
 
 
 def stop(paths: RunPaths) -> list[int]:
-    """Stop every process of the run's cluster (SIGTERM, then SIGKILL); returns the pids stopped."""
+    """Stop every process of the run's cluster (SIGTERM, then SIGKILL) and remove its scratch
+    folder; returns the pids stopped."""
     if not paths.spark_cluster_info.exists():
         return []
     info = _read(paths)
-    pids = [pid for pid in info["pids"] if _alive(pid)]
-    _terminate(pids)
+    stopped = owned.stop_groups(info.get("daemons", []), STOP_S)  # and the executors each started
+    remove_scratch(info.get("scratch"))
     _SECRETS.pop(info["url"], None)
     paths.spark_cluster_info.unlink(missing_ok=True)
-    log.info("embedded Spark cluster stopped (%d process(es))", len(pids))
-    return pids
+    log.info("embedded Spark cluster stopped (%d process(es))", len(stopped))
+    return stopped
 
 
 @contextlib.contextmanager
@@ -286,14 +286,15 @@ def master_url(config: BenchmarkConfig, paths: RunPaths) -> str:
 
 # --- the daemons on this host: secret lookup and the sweep ---------------------------------
 
-def _daemons() -> Iterator[tuple[int, list[str], dict[str, str]]]:
-    """(pid, argv, environment) of this user's embedded-cluster master/worker JVMs."""
+def _daemons() -> Iterator[tuple[dict, list[str], dict[str, str]]]:
+    """(identity, argv, environment) of this user's embedded-cluster master/worker JVMs."""
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
             if proc.stat().st_uid != os.getuid():
                 continue
+            mark = owned.record(int(proc.name))  # before its marks: what is signalled is what was read
             argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
             if not any(a in DAEMON_CLASSES for a in argv):
                 continue
@@ -302,7 +303,7 @@ def _daemons() -> Iterator[tuple[int, list[str], dict[str, str]]]:
             continue
         env = dict(item.split("=", 1) for item in raw if "=" in item)
         if ENV_STATE in env:
-            yield int(proc.name), argv, env
+            yield mark, argv, env
 
 
 def secret_for(url: str) -> str | None:
@@ -356,17 +357,16 @@ def _age(pid: int) -> float:
 
 def sweep() -> list[int]:
     """Kill the embedded-cluster daemons (with their executors) whose owner is dead: a tied
-    cluster's process, or a DAG-started cluster's run (see the module docstring). -> their pids."""
-    dead = []
-    for pid, _, env in _daemons():
-        if env.get(ENV_OWNER):
-            if _owner_dead(env[ENV_OWNER]):
-                dead.append(pid)
-        elif _age(pid) > SWEEP_MIN_AGE_S and _orphaned(pid, Path(env[ENV_STATE])):
-            dead.append(pid)
-    if dead:
-        _terminate(dead)
-    return dead
+    cluster's process, or a DAG-started cluster's run (see the module docstring); remove their
+    scratch folders. -> their pids."""
+    dead = [(mark, env.get("TMPDIR")) for mark, _, env in _daemons()
+            if (_owner_dead(env[ENV_OWNER]) if env.get(ENV_OWNER) else
+                _age(mark["pid"]) > SWEEP_MIN_AGE_S and _orphaned(mark["pid"], Path(env[ENV_STATE])))]
+    stopped = owned.stop_groups([mark for mark, _ in dead], STOP_S) if dead else []
+    for _, scratch in dead:  # the folder make_scratch made for it (remove_scratch: only a checked one)
+        if scratch and Path(scratch).name.startswith("bm-spark-"):
+            remove_scratch(scratch)
+    return stopped
 
 
 class EmbeddedService:
@@ -386,8 +386,10 @@ class EmbeddedService:
         return is_running(paths)
 
     def start(self, paths: RunPaths, config: BenchmarkConfig, tied_to_caller: bool = False) -> str:
-        # in the run's network namespace: its drivers (the data stage's, the cells') join it there
-        return start(paths, tied_to_caller=tied_to_caller, where=netns.ensure_run(paths, tied_to_caller))
+        # in the run's network namespace: its drivers (the data stage's, the cells') join it there;
+        # where none can be made, refused unless cluster.allow_unisolated_cells (isolation.NotIsolated)
+        where = netns.ensure_run(paths, tied_to_caller, allow_unisolated=config.cluster.allow_unisolated_cells)
+        return start(paths, tied_to_caller=tied_to_caller, where=where)
 
     def stop(self, paths: RunPaths) -> list[int]:
         return stop(paths)

@@ -96,6 +96,10 @@ class Platform:
     features: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     # why it cannot run across real machines over SSH yet ("" : it can); preflight refuses such a run
     ssh_refusal: str = ""
+    # config -> "field=value" of the setting that sends a one-host run's ranks of this platform to
+    # other machines (a cluster URL, a rendezvous endpoint), or None: preflight refuses such a run
+    # over an untrusted network (cluster.trusted_network); loopback addresses are this machine's
+    remote_ranks: Callable[[Any], str | None] | None = None
     package: str = ""  # the module that declared it (set by register): workers import it by name
 
     def __post_init__(self) -> None:

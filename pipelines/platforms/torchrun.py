@@ -30,6 +30,7 @@ and preflight stay cheap).
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import subprocess
 import sys
@@ -45,6 +46,9 @@ from pipelines.config import BenchmarkConfig
 log = logging.getLogger(__name__)
 WORKER_MODULE = "pipelines.training.worker"
 HOST_IFNAME = "eth0"  # the interface of a launch host (EmulatedHost: its veth to the switch)
+# the longest a launch across hosts may run before its cell fails (no poll loop waits for ever)
+LAUNCH_DEADLINE_ENV = "PIPELINES_LAUNCH_DEADLINE_S"
+LAUNCH_DEADLINE_S = float(os.environ.get(LAUNCH_DEADLINE_ENV) or 12 * 3600)
 STOP_GRACE_S = 10.0  # SIGTERM -> SIGKILL for a launcher (torchrun takes its ranks down meanwhile)
 
 
@@ -221,9 +225,17 @@ def host_env(config: BenchmarkConfig, base: Mapping[str, str], local_processes: 
     return env
 
 
-def _first_failure(procs: Sequence[subprocess.Popen], poll_s: float) -> int | None:
+def _check_deadline(deadline: float, what: str) -> None:
+    if time.monotonic() > deadline:
+        raise TimeoutError(f"{what} across hosts still ran after {LAUNCH_DEADLINE_S:.0f} s "
+                           f"({LAUNCH_DEADLINE_ENV}): stopped")
+
+
+def _first_failure(procs: Sequence[subprocess.Popen], poll_s: float, deadline: float = float("inf"),
+                   what: str = "torchrun") -> int | None:
     """Wait until one exits non-zero (its index) or all exited (the first non-zero, if any)."""
     while any(p.poll() is None for p in procs):
+        _check_deadline(deadline, what)
         failed = next((k for k, p in enumerate(procs) if p.poll() not in (None, 0)), None)
         if failed is not None:
             return failed
@@ -231,12 +243,14 @@ def _first_failure(procs: Sequence[subprocess.Popen], poll_s: float) -> int | No
     return next((k for k, p in enumerate(procs) if p.returncode != 0), None)
 
 
-def _all_exited(procs: Sequence[subprocess.Popen], poll_s: float) -> int | None:
+def _all_exited(procs: Sequence[subprocess.Popen], poll_s: float, deadline: float = float("inf"),
+                what: str = "torchrun") -> int | None:
     """Elastic: a node that fails is the others' to survive (their agents re-rendezvous without
     it). Wait for every node; None if any finished (the survivors trained to the end), else the
     index of the last one to fail (the survivor's error says why the cell could not go on)."""
     order: list[int] = []
     while len(order) < len(procs):
+        _check_deadline(deadline, what)
         order += [k for k, p in enumerate(procs) if p.poll() is not None and k not in order]
         time.sleep(poll_s)
     if any(p.returncode == 0 for p in procs):
@@ -268,11 +282,15 @@ def execute_on_hosts(cmds: Sequence[list[str]], env: Mapping[str, str], hosts: S
                             stdin=subprocess.DEVNULL, text=True)
             procs.append(proc)
             tees.append(Tee(proc, log_path, prefix=host.name).start())
-        failed = _all_exited(procs, poll_s) if elastic else _first_failure(procs, poll_s)
+        deadline = time.monotonic() + LAUNCH_DEADLINE_S
+        failed = (_all_exited if elastic else _first_failure)(procs, poll_s, deadline, what)
     finally:
         stop_tree(procs, STOP_GRACE_S)  # nothing when all exited; on failure or interruption: the others
         for tee in tees:
             tee.join(10)
+    unwritten = next((k for k, tee in enumerate(tees) if tee.error), None)
+    if failed is None and unwritten is not None:  # exited 0, but its log is not whole
+        raise RuntimeError(f"{what} on {hosts[unwritten].name}: {tees[unwritten].error}")
     if failed is not None:
         others = "every other node failed too" if elastic else "the other node(s) were stopped"
         raise RuntimeError(f"{what} on {hosts[failed].name} (node {failed}) exited with "

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pipelines import platforms
+from pipelines.cluster import isolation
 from pipelines.run import services
 from pipelines.measure import attempts, faults, signals
 from pipelines.config import BenchmarkConfig
@@ -50,12 +51,17 @@ def run_cell(config: BenchmarkConfig, paths: RunPaths, backend: str, workers: in
     until another platform's cell, or ``services.stop``)."""
     cell = paths.cell(backend, workers, repeat, strategy, network)
     where = {"network": network, "cluster": cluster}
+    placed: list[str] = []  # where its processes went (isolation.isolating): the result's isolation
     try:
         adapter = get_backend(backend)
         adapter.before_window = before_window or (lambda: services.before_cell(config, paths, backend))
-        result = adapter.run(config, workers, paths=paths, cell=cell, repeat=repeat, strategy=strategy, hosts=hosts)
-        if (result.network, result.cluster) != (network, cluster):
-            result = result.model_copy(update=where)
+        # a namespace that cannot be made fails the cell (isolation.NotIsolated), unless allowed
+        with isolation.isolating(config.cluster.allow_unisolated_cells) as placed:
+            result = adapter.run(config, workers, paths=paths, cell=cell, repeat=repeat, strategy=strategy,
+                                 hosts=hosts)
+        update = {**where, "isolation": _isolation(placed, cluster)}
+        if any(getattr(result, key) != value for key, value in update.items()):
+            result = result.model_copy(update=update)
             result.write(cell.result)
         return result
     except BaseException as err:  # KeyboardInterrupt / task kill too: record why, then re-raise
@@ -70,9 +76,15 @@ def run_cell(config: BenchmarkConfig, paths: RunPaths, backend: str, workers: in
                    **(known[strategy].result_fields() if strategy in known else {"strategy": strategy}),
                    error=reason[-4000:], model_name=config.training.model_source,
                    seed=config.training.seed + repeat, max_seq_len=config.data.max_seq_len, **where,
+                   isolation=_isolation(placed, cluster),
                    attempts=history, **attempts.totals(history),
                    fault=faults.record(cell, history, 0)).write(cell.result)
         raise
+
+
+def _isolation(placed: list[str], cluster: str) -> str | None:
+    """The result's ``isolation``: where its processes on this host went, else its hosts' kind."""
+    return isolation.isolation_of(placed) or {"emulated": "emulated hosts", "ssh": "none (ssh hosts)"}.get(cluster)
 
 
 def preflight_problems(config: BenchmarkConfig, cells: list[tuple[str, str, int]] | None = None) -> list[str]:

@@ -23,7 +23,7 @@ from typing import Any
 
 from pipelines import platforms
 from pipelines.config import (
-    PROFILES, BenchmarkConfig, deployment_keys, form_schema, load_config, site_defaults,
+    PROFILES, SET_NULL, BenchmarkConfig, deployment_keys, form_schema, load_config, site_defaults,
 )
 
 log = logging.getLogger(__name__)
@@ -205,7 +205,9 @@ def overrides_from_params(params: dict, environ: dict | None = None) -> dict:
     overrides = site_defaults(os.environ if environ is None else environ)
     overrides.update({k: params[k] for k in fields
                       if k not in NOT_CONFIG and params.get(k) not in (None, "", [])})
-    overrides.update(params.get("overrides") or {})
+    # a null in "overrides" was typed on purpose: it sets the field to None (load_config refuses it,
+    # naming the field, where None is not allowed); an empty form field above means "the profile's"
+    overrides.update({k: SET_NULL if v is None else v for k, v in (params.get("overrides") or {}).items()})
     return overrides
 
 

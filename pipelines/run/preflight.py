@@ -40,6 +40,7 @@ def problems(config: BenchmarkConfig, cells: list[tuple[str, str, int]] | None =
         from pipelines.run.cells import preflight_problems
 
         out += preflight_problems(config, cells)  # e.g. powersgd on determined: refused before any work
+    out += trusted_network_problems(config, cells)  # torch.distributed's ports on a real network
     try:
         from pipelines.data.tokens import load_tokenizer
 
@@ -127,3 +128,58 @@ def _uses_a_standing_cluster_here(config: BenchmarkConfig) -> bool:
     used = {t for b in config.matrix.backends if platforms.get(b).lifetime == "standing" for t in platforms.get(b).services}
     return any(service.at_setup(config) or (target in used and service.wanted(config))
                for target, service in found.items())
+
+
+# --- cluster.trusted_network -----------------------------------------------------------------
+_UNTRUSTED = ("torch.distributed has no authentication: its rendezvous store and gloo / NCCL ports listen "
+              "there, and any machine that can reach them can join the cell or send its ranks data. Set "
+              "cluster.trusted_network=true (BENCHMARK_TRUSTED_NETWORK=true) to state that every machine on "
+              "that network is trusted (README \"Trusted network\"), or run the cells on this host or on "
+              "emulated hosts (cluster.kind=local or emulated), which never leave this machine")
+
+
+def trusted_network_problems(config: BenchmarkConfig,
+                             cells: list[tuple[str, str, int]] | None = None) -> list[str]:
+    """Cells whose ranks would meet over a real network, refused unless ``cluster.trusted_network``:
+    every cell on ``ssh`` hosts (even one machine's store listens on its address), and on this host
+    a platform setting that sends the ranks to other machines (a cluster URL, a rendezvous
+    endpoint). Emulated hosts and loopback addresses stay on this machine."""
+    if config.cluster.trusted_network:
+        return []
+    from pipelines import platforms
+
+    backends = sorted({b for b, _, _ in cells} if cells else set(config.matrix.backends))
+    if config.cluster.kind == "ssh":
+        return [f"cluster.trusted_network is not set: cluster.kind=ssh runs {', '.join(backends)} with "
+                f"ranks on {', '.join(config.cluster.ssh_hosts)}, meeting over those machines' network; "
+                f"{_UNTRUSTED}"]
+    if config.cluster.kind != "local":
+        return []
+    found = [(b, setting) for b in backends if (setting := _remote_setting(config, platforms.get(b)))]
+    return [f"cluster.trusted_network is not set: {b} with {setting} has its ranks meet on other machines "
+            f"over the network; {_UNTRUSTED}" for b, setting in found]
+
+
+def _remote_setting(config: BenchmarkConfig, platform) -> str | None:
+    """``field=value`` of the setting that sends a one-host run's cells of ``platform`` to other
+    machines (the platform's ``remote_ranks``), or None. A per-job platform starts its own cluster
+    here: none."""
+    if platform.lifetime == "per_job" or platform.remote_ranks is None:
+        return None
+    setting = platform.remote_ranks(config)
+    return setting if setting and not _on_loopback(setting.partition("=")[2]) else None
+
+
+def _on_loopback(address: str) -> bool:
+    """Does ``[scheme://]host[:port][/path]`` name this machine's loopback (127.0.0.0/8, [::1], localhost)?"""
+    import ipaddress
+
+    host = address.partition("://")[2] or address
+    host = host.split("/", 1)[0]
+    host = host[1:].partition("]")[0] if host.startswith("[") else host.rpartition(":")[0] or host
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -192,6 +192,12 @@ class CellResult(BaseModel):
     # the network of its links ("local" = loopback; "unshaped", "1gbit", "100mbit", ... between hosts)
     cluster: str = "local"
     network: str = "local"
+    # how its processes on this host were kept off its interfaces (pipelines.cluster.netns): "own-netns"
+    # (a loopback-only namespace of the cell's own), "run-netns" (the run's, with its standing cluster),
+    # "host-netns" (a driver reaching a cluster elsewhere), "none (allow_unisolated_cells)" (no namespace
+    # could be made: its ports listened on every interface), places joined by ", "; "emulated hosts"
+    # (each host a namespace of its own), "none (ssh hosts)" (real machines); None: not recorded
+    isolation: str | None = None
     status: Literal["ok", "failed"] = "ok"
     error: str | None = None  # why the cell failed, for the report
     device: str = "cpu"  # e.g. "cpu", "cuda:NVIDIA H200"

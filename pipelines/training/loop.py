@@ -40,7 +40,6 @@ from dataclasses import dataclass
 from functools import partial
 
 import torch
-import torch.distributed as dist
 from torch.utils.data import DataLoader, TensorDataset
 
 from pipelines.config import BenchmarkConfig
@@ -49,7 +48,7 @@ from pipelines.training.cell import CellSpec
 from pipelines.training.distributed import DistEnv, TorchDistributed, all_reduce_sum, link_tx_bytes
 from pipelines.training.engine import TorchEngine
 from pipelines.training.model import build_model
-from pipelines.training.outcome import step_link_bytes
+from pipelines.training.outcome import all_gather_json, step_link_bytes
 from pipelines.training.process import RankProcess
 from pipelines.training.record import TrainingRecord
 from pipelines.training.runtime import Replicated
@@ -236,11 +235,7 @@ def _train_epoch(run: _Run, epoch: int, progress: _Progress) -> tuple[float, flo
 def _checkpoint(run: _Run, epoch: int, metrics: dict) -> None:
     """The checkpoint phase of ``epoch`` (0-based): every rank's RNG gathered, rank 0 writes."""
     env, cfg = run.env, run.spec.config
-    rngs = [None] * env.world_size
-    if env.world_size > 1:
-        dist.all_gather_object(rngs, ckpt.rng_state())
-    else:
-        rngs = [ckpt.rng_state()]
+    rngs = [rng_from_json(m) for m in all_gather_json(rng_to_json(ckpt.rng_state()), env)]
     state = run.engine.state_dict(epoch + 1, run.spec.cell.checkpoints)  # every rank (FSDP: collective)
     if env.is_main:
         run.checkpoint_path = str(ckpt.save_checkpoint({
@@ -248,6 +243,30 @@ def _checkpoint(run: _Run, epoch: int, metrics: dict) -> None:
             "world_size": env.world_size, "record": run.record.state(),
         }, run.spec.cell.checkpoints, epoch + 1))
     run.distributed.on_epoch_end(env, epoch + 1, run.checkpoint_path if env.is_main else None, metrics)
+
+
+def rng_to_json(state: dict) -> dict:
+    """A rank's RNG streams (``checkpoint.rng_state``) as JSON types, to gather them as JSON
+    (``all_gather_json``: nothing a peer sends is unpickled); ``rng_from_json`` restores the same."""
+    name, keys, pos, has_gauss, gauss = state["numpy"]
+    out = {"torch": state["torch"].tolist(), "python": state["python"],
+           "numpy": [name, keys.tolist(), pos, has_gauss, gauss]}
+    if "cuda" in state:
+        out["cuda"] = state["cuda"].tolist()
+    return out
+
+
+def rng_from_json(message: dict) -> dict:
+    """``rng_to_json``'s message back as ``checkpoint.rng_state`` gives it: byte tensors, tuples."""
+    version, internal, gauss_next = message["python"]
+    name, keys, pos, has_gauss, gauss = message["numpy"]
+    state = {"torch": torch.tensor(message["torch"], dtype=torch.uint8),
+             "python": (int(version), tuple(int(k) for k in internal),
+                        None if gauss_next is None else float(gauss_next)),
+             "numpy": (str(name), torch.tensor(keys, dtype=torch.int64), int(pos), int(has_gauss), float(gauss))}
+    if "cuda" in message:
+        state["cuda"] = torch.tensor(message["cuda"], dtype=torch.uint8)
+    return state
 
 
 def _train(process: RankProcess, distributed: TorchDistributed) -> None:

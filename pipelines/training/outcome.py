@@ -5,11 +5,16 @@ Determined trial alike)."""
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import json
+import os
 import platform
 import resource
 import shutil
 import socket
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -20,24 +25,54 @@ from pipelines.runfolder.results import CellResult, TestMetrics
 from pipelines.training.distributed import DistEnv, device_name, placement
 from pipelines.training.record import TrainingRecord
 
+# what one rank may send through ``all_gather_json``: far above what a rank sends (its step times),
+# far below what would exhaust a peer's memory
+MAX_GATHERED_BYTES = 64 * 2**20
+
+
+def all_gather_json(value, env: DistEnv) -> list:
+    """``value`` (JSON types) from every rank, in rank order, the same on every rank.
+
+    It travels as UTF-8 JSON in uint8 tensors (every length first, then the payloads padded to the
+    longest): torch.distributed has no authentication, and ``all_gather_object`` unpickles what a
+    peer sends, which runs whatever code that peer put in. Tuples come back as lists, on one rank too.
+    """
+    data = json.dumps(value).encode()
+    if env.world_size == 1:
+        return [json.loads(data)]
+    length = torch.tensor([len(data)], dtype=torch.int64, device=env.device)
+    lengths = [torch.empty_like(length) for _ in range(env.world_size)]
+    dist.all_gather(lengths, length)
+    sizes = [int(n.item()) for n in lengths]
+    if not all(0 < n <= MAX_GATHERED_BYTES for n in sizes):  # every rank sees the same sizes: all refuse
+        raise RuntimeError(f"all_gather_json: the ranks' messages are {sizes} bytes; each must be 1 to "
+                           f"{MAX_GATHERED_BYTES}")
+    mine = torch.zeros(max(sizes), dtype=torch.uint8)
+    mine[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    mine = mine.to(env.device)
+    gathered = [torch.empty_like(mine) for _ in sizes]
+    dist.all_gather(gathered, mine)
+    return [_parsed(t[:n].cpu().numpy().tobytes(), rank) for rank, (t, n) in enumerate(zip(gathered, sizes))]
+
+
+def _parsed(message: bytes, rank: int):
+    try:
+        return json.loads(message)
+    except ValueError as err:  # not UTF-8, not JSON: a peer outside the protocol
+        raise RuntimeError(f"all_gather_json: rank {rank}'s message is not JSON ({err})") from None
+
 
 def worker_devices(env: DistEnv) -> tuple[list[str], list[str]]:
     """Every rank's device label (``cuda:0``, ``cpu:cores 1``) and placement (host, Spark
     executor: ``distributed.placement``), gathered to every rank."""
-    mine = (env.device_label, placement())
-    labels = [mine] * env.world_size
-    if env.world_size > 1:
-        dist.all_gather_object(labels, mine)
+    labels = all_gather_json([env.device_label, placement()], env)
     return [d for d, _ in labels], [p for _, p in labels]
 
 
 def step_link_bytes(env: DistEnv, tx_bytes: int | None, steps: int) -> float | None:
     """Bytes all hosts' links sent per training step (gathered: one rank per host reports its
     host's counter), or None off launch hosts."""
-    mine = (tx_bytes if env.local_rank == 0 else 0, tx_bytes is not None)
-    gathered = [mine] * env.world_size
-    if env.world_size > 1:
-        dist.all_gather_object(gathered, mine)
+    gathered = all_gather_json([tx_bytes if env.local_rank == 0 else 0, tx_bytes is not None], env)
     if not steps or not all(known for _, known in gathered):
         return None
     return sum(tx for tx, _ in gathered) / steps
@@ -59,16 +94,54 @@ def versions() -> dict[str, str]:
 def export_model(model, cell: CellPaths) -> str:
     """Rank 0: the trained model in Hugging Face format (config + safetensors) -> <cell>/model.
 
-    Loadable with ``AutoModelForSequenceClassification.from_pretrained``; written to a temporary
-    folder first so a reader never sees half a model.
+    Loadable with ``AutoModelForSequenceClassification.from_pretrained``. Written whole beside it
+    (``model.new``) and then swapped in (``swap_folders``): a reader never sees half a model, and a
+    crash at any point leaves the previous model (a retried cell's) readable at <cell>/model until the
+    new one is there (where the file system cannot exchange two names, at <cell>/model.old for an instant).
     """
     target = cell.model
-    tmp = target.with_name(target.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    shutil.rmtree(target, ignore_errors=True)
-    tmp.rename(target)
+    new = target.with_name(target.name + ".new")
+    shutil.rmtree(new, ignore_errors=True)  # a crashed export's
+    model.save_pretrained(new)
+    if target.is_symlink():
+        target.unlink()  # never write through a link planted at the model's path
+    if target.is_dir():
+        swap_folders(new, target)
+        shutil.rmtree(new)  # now the old model
+    else:
+        new.rename(target)
     return str(target)
+
+
+_RENAME_EXCHANGE = 2  # linux/fs.h
+
+
+def swap_folders(a: Path, b: Path) -> None:
+    """Exchange two folders' names in one step where the file system can (``exchange``: both
+    names exist throughout). Where it cannot (e.g. NFS), ``b`` is moved aside, ``a`` renamed to
+    ``b``, then the old one moved to ``a``: only between those two renames is ``b`` missing."""
+    if exchange(a, b):
+        return
+    aside = b.with_name(b.name + ".old")
+    shutil.rmtree(aside, ignore_errors=True)
+    b.rename(aside)
+    a.rename(b)
+    aside.rename(a)
+
+
+def exchange(a: Path, b: Path) -> bool:
+    """Linux ``renameat2(RENAME_EXCHANGE)`` of two existing paths (not in Python's ``os``): True when
+    done, False where this system or file system has no such call."""
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if renameat2 is None:
+        return False
+    at_cwd = -100  # AT_FDCWD: the paths as they are
+    if renameat2(at_cwd, os.fsencode(a), at_cwd, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+        return False
+    raise OSError(err, f"cannot exchange {a} and {b}: {os.strerror(err)}")
 
 
 def timed_export(model, cell: CellPaths) -> tuple[str, float]:

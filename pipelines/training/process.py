@@ -31,7 +31,6 @@ import time
 from collections.abc import Callable
 
 import torch
-import torch.distributed
 from torch.utils.data import TensorDataset
 
 from pipelines.measure import attempts
@@ -39,7 +38,8 @@ from pipelines.measure.resources import write_rank_pid
 from pipelines.runfolder.results import CellResult, RankSteps
 from pipelines.training.cell import CellSpec
 from pipelines.training.distributed import HOST_ENV, DistEnv
-from pipelines.training.outcome import timed_export, worker_devices, worker_result, write_worker_result
+from pipelines.training.outcome import (all_gather_json, timed_export, worker_devices, worker_result,
+                                        write_worker_result)
 from pipelines.training.record import TrainingRecord
 from pipelines.training.steps import final_test
 
@@ -107,10 +107,8 @@ class RankProcess:
 
 def gather_rank_steps(env: DistEnv, record: TrainingRecord | None) -> list[RankSteps]:
     """Every rank's step times and train-phase split (``TrainingRecord.rank_steps``), gathered to
-    every rank (one small object per rank, like the devices): rank 0's result carries them all."""
+    every rank (one small JSON message per rank, like the devices): rank 0's result carries them all."""
     host = os.environ.get(HOST_ENV) or socket.gethostname()
     mine = record.rank_steps(env.rank, host).model_dump() if record is not None else None
-    every = [mine] * env.world_size
-    if env.world_size > 1:
-        torch.distributed.all_gather_object(every, mine)
+    every = all_gather_json(mine, env)
     return [RankSteps.model_validate(r) for r in every if r is not None]

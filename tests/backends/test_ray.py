@@ -129,9 +129,9 @@ def test_leftover_ray_processes_are_killed_and_nothing_else_is_touched():
 
 
 def test_cluster_options_and_worker_environment():
-    options = local_cluster_options(world_size=2, threads=1, pid=123)
+    options = local_cluster_options(world_size=2, threads=1)
     assert options["include_dashboard"] is False and options["_node_ip_address"] == "127.0.0.1"
-    assert len(options["_temp_dir"]) < 20 and options["num_cpus"] >= 2
+    assert len(options["_temp_dir"]) < 30 and options["num_cpus"] >= 2  # Ray's socket paths
     env = worker_env_vars({"PYTHONPATH": "/elsewhere", "PIPELINES_EPOCH_END_HOOK": "m:f", "SECRET": "x"})
     assert env["PYTHONPATH"].split(os.pathsep) == [str(PROJECT_ROOT), "/elsewhere"]
     assert env["PIPELINES_EPOCH_END_HOOK"] == "m:f" and "SECRET" not in env
@@ -154,8 +154,15 @@ def test_ray_cell_killed_after_epoch_1_resumes_from_rays_checkpoint(ray_cells, t
               f"from pipelines.config import read_config\nfrom pipelines.runfolder.paths import CellPaths, RunPaths\n"
               f"RayPerJobBackend().run(read_config(Path({str(tmp_path / 'config.json')!r})), 1, "
               f"paths=RunPaths(Path({str(run_paths.root)!r})), cell=CellPaths(Path({str(cell.root)!r})))\n")
+    import shutil
+    import tempfile
+
+    from pipelines.runfolder.scratch import SCRATCH_ROOT_ENV
+
     before = ray_processes()
-    proc = subprocess.Popen([sys.executable, "-c", driver], env={**os.environ, **fault_injection.env(1, PROJECT_ROOT)},
+    scratch_root = tempfile.mkdtemp(prefix="rk")  # short (Ray's sockets); the killed driver cannot remove its scratch
+    proc = subprocess.Popen([sys.executable, "-c", driver], env={**os.environ, **fault_injection.env(1, PROJECT_ROOT),
+                                                                 SCRATCH_ROOT_ENV: scratch_root},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     # Ray's controller registers a reported checkpoint in its run snapshot, which a new run of
     # the same name loads (ray.train.get_checkpoint)
@@ -178,8 +185,7 @@ def test_ray_cell_killed_after_epoch_1_resumes_from_rays_checkpoint(ray_cells, t
                 pass
         proc.wait()
     assert_no_new_ray_processes(before)
-    import shutil
-    shutil.rmtree(f"/tmp/ray-{proc.pid}", ignore_errors=True)  # the killed driver's Ray temp folder
+    shutil.rmtree(scratch_root, ignore_errors=True)  # the killed driver's Ray temp folder
     assert not cell.worker_result.exists()
     shutil.rmtree(cell.checkpoints)  # only Ray's copy is left
 

@@ -184,7 +184,7 @@ def evidence_run_namespace(container: str, check_error: type[Exception]) -> tupl
             and found["stopped"] >= 2 and found["left"]):
         raise check_error(f"(i) the run's network namespace in {container} is not what it should be: {found}")
     line = (f"(i) the run's network namespace in {container} (uid {found['uid']}): entered with "
-            f"{' '.join(found['prefix'][:4])} ...; a listener on 0.0.0.0:{found['port']} there answered inside and was "
+            f"nsenter --{found['prefix'][-2]} ...; a listener on 0.0.0.0:{found['port']} there answered inside and was "
             f"refused at {', '.join(found['refused_from_the_container'])} from the worker; stop_run ended "
             f"{found['stopped']} process(es)")
     return line, found

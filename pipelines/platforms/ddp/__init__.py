@@ -27,8 +27,13 @@ class DDPSettings(BaseModel):
     elastic_min_nodes: int = Field(1, ge=1)  # the fewest hosts the cell goes on with
 
 
+def _remote_ranks(config) -> str | None:  # one torchrun per node, meeting at the rendezvous endpoint
+    ddp = config.engine("ddp")
+    return f"engines.ddp.rdzv_endpoint={ddp.rdzv_endpoint}" if ddp.nnodes > 1 and ddp.rdzv_endpoint else None
+
+
 PLATFORM = register(Platform(
-    name="ddp", adapter=f"{__name__}.adapter:DDPBackend", order=0, label="PyTorch DDP (torchrun)",
+    name="ddp", remote_ranks=_remote_ranks, adapter=f"{__name__}.adapter:DDPBackend", order=0, label="PyTorch DDP (torchrun)",
     colour="#1d4ed8", settings=DDPSettings, reference=True, node_rank_setting="engines.ddp.node_rank",
     process_kinds=(("torchrun", "torchrun"), ("torch.distributed.run", "torchrun")),
     # torch is every platform's: DDP adds nothing to install; across machines a torchrun per

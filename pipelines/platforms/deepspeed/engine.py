@@ -14,8 +14,10 @@ Checkpoints: every rank writes its part with ``save_checkpoint`` under
 ``<cell>/checkpoints/deepspeed/epoch-NNNN``; the loop's own ``epoch-NNNN.pt`` holds the reference
 (``{"engine_dir", "engine_tag"}``) next to the RNG states and the record, and a resume loads it
 back with ``load_checkpoint`` (every rank its partition). The newest ``KEEP`` tags are kept, as
-the loop keeps its files. DeepSpeed reads its own files with ``torch.load(weights_only=False)``:
-they are written by the cell itself, in its own folder.
+the loop keeps its files. The run folder is writable by several services, so a resume loads only
+from the cell's own ``<cell>/checkpoints/deepspeed`` (the reference and every file DeepSpeed opens,
+links resolved: ``TensorsOnlyLoads``) and with ``weights_only=True``; DeepSpeed's own
+``torch.load(weights_only=False)`` is never called.
 
 ``ds_config`` is the DeepSpeed config of a cell: micro batch = the loop's per-rank batch, no
 gradient accumulation, no clipping, fp32 master weights (the loop's forward runs under its own
@@ -27,6 +29,8 @@ message sizes are the cell's communication phase and bytes per step
 from __future__ import annotations
 
 import logging
+import os
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -39,6 +43,7 @@ from pipelines.training.engine import TorchEngine
 log = logging.getLogger("pipelines.training")
 CHECKPOINT_FOLDER = "deepspeed"  # under <cell>/checkpoints
 TAG = "epoch-{epoch:04d}"
+_TAG_PATTERN = re.compile(r"epoch-\d{4,}")
 
 
 def ds_config(batch_size: int, world_size: int, zero_stage: int, offload: str, *,
@@ -70,8 +75,9 @@ class DeepSpeedEngine(TorchEngine):
     """``deepspeed.initialize`` over the loop's model, optimizer and scheduler; its backward and
     step; its checkpoints (see the module docstring)."""
 
-    def __init__(self, config: dict, is_main: bool) -> None:
+    def __init__(self, config: dict, is_main: bool, checkpoints: Path) -> None:
         self.config, self.is_main = config, is_main
+        self.own_folder = Path(checkpoints) / CHECKPOINT_FOLDER  # the only place a resume loads from
         self.ds = None  # deepspeed.runtime.engine.DeepSpeedEngine, set by attach
         self.after_attach: Callable[[], None] | None = None  # called once initialize returned
 
@@ -103,14 +109,24 @@ class DeepSpeedEngine(TorchEngine):
         """Nothing: ``load_state`` loads the weights with the rest, after ``attach``."""
 
     def load_state(self, state: dict) -> None:
-        folder, tag = Path(state["engine_dir"]), state["engine_tag"]
-        if not (folder / tag).is_dir():
-            raise FileNotFoundError(f"the checkpoint names DeepSpeed's {folder / tag}, which is missing; delete "
-                                    f"{folder.parent} to start this cell over")
-        path, _ = self.ds.load_checkpoint(str(folder), tag=tag, load_optimizer_states=True,
-                                          load_lr_scheduler_states=True)
+        named, tag = Path(state["engine_dir"]) / str(state["engine_tag"]), str(state["engine_tag"])
+        own = self.own_folder.resolve()
+        if named.resolve().parent != own or not _TAG_PATTERN.fullmatch(tag):  # links resolved
+            raise PermissionError(f"the checkpoint names DeepSpeed's {named} ({named.resolve()}), which is "
+                                  f"not a tag folder of this cell's own {self.own_folder}: refused. Delete "
+                                  f"{self.own_folder.parent} to start this cell over")
+        if not (own / tag).is_dir():
+            raise FileNotFoundError(f"the checkpoint names DeepSpeed's {named}, which is missing; delete "
+                                    f"{self.own_folder.parent} to start this cell over")
+        library_loads = self.ds.checkpoint_engine
+        self.ds.checkpoint_engine = TensorsOnlyLoads(library_loads, own)
+        try:
+            path, _ = self.ds.load_checkpoint(str(own), tag=tag, load_optimizer_states=True,
+                                              load_lr_scheduler_states=True)
+        finally:
+            self.ds.checkpoint_engine = library_loads
         if path is None:
-            raise RuntimeError(f"DeepSpeed could not load its checkpoint {folder / tag}")
+            raise RuntimeError(f"DeepSpeed could not load its checkpoint {own / tag}")
 
     def state_dict(self, epoch: int, directory: Path) -> dict:
         """Every rank writes its part of ``<directory>/deepspeed/epoch-NNNN``; returns the reference."""
@@ -119,6 +135,41 @@ class DeepSpeedEngine(TorchEngine):
         if self.is_main:
             prune(folder, keep=KEEP)
         return {"engine": "deepspeed", "engine_dir": str(folder), "engine_tag": tag}
+
+
+def deepspeed_classes() -> list[type]:
+    """The classes DeepSpeed's ZeRO optimizer files hold besides tensors and plain types (its
+    ``state_dict``: the stage, the fp32 loss scaler, the parameters' fragment addresses); checked
+    with ``torch.serialization.get_unsafe_globals_in_checkpoint`` on deepspeed 0.19.8, ZeRO 1-3 with
+    and without offload, on CPU."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [ZeroStageEnum, LossScaler, DynamicLossScaler, fragment_address]
+
+
+class TensorsOnlyLoads:
+    """DeepSpeed's checkpoint engine while a checkpoint loads: every file it opens must lie inside
+    ``folder`` (checked on the opened file itself, so a link or a renamed folder cannot lead out),
+    and is read with ``weights_only=True`` allowing only ``deepspeed_classes``. DeepSpeed's own
+    ``TorchCheckpointEngine.load`` unpickles anything (``weights_only=False``): a file planted in
+    the shared run folder would run its code in every rank."""
+
+    def __init__(self, engine, folder: Path) -> None:
+        self._engine, self._folder = engine, Path(folder).resolve()
+
+    def __getattr__(self, name: str):
+        return getattr(self._engine, name)  # everything but load: DeepSpeed's own engine
+
+    def load(self, path: str, map_location=None):
+        with open(path, "rb") as fh:
+            opened = Path(os.readlink(f"/proc/self/fd/{fh.fileno()}"))  # where the file really is
+            if not opened.is_relative_to(self._folder):
+                raise PermissionError(f"DeepSpeed's checkpoint file {path} is {opened}, outside this cell's "
+                                      f"{self._folder}: refused")
+            with torch.serialization.safe_globals(deepspeed_classes()):
+                return torch.load(fh, map_location=map_location, weights_only=True)
 
 
 def prune(folder: Path, keep: int) -> list[Path]:

@@ -168,7 +168,7 @@ class DeepSpeedDistributed(TorchDistributed):
 
         config = ds_config(self.spec.config.training.batch_size, env.world_size, self.settings.zero_stage,
                            self.settings.offload)
-        engine = DeepSpeedEngine(config, env.is_main)
+        engine = DeepSpeedEngine(config, env.is_main, self.spec.cell.checkpoints)
         engine.after_attach = self.comm_timer.discard  # initialize's broadcasts are no training step's
         self.ds_engine = engine
         return engine

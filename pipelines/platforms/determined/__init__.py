@@ -22,8 +22,13 @@ class DeterminedSettings(BaseModel):
     master: str | None = deployment(None, env="BENCHMARK_DETERMINED_MASTER", flat="determined_master")
 
 
+def _remote_ranks(config) -> str | None:  # a Determined master: the trials on its agents
+    master = config.engine("determined").master
+    return f"engines.determined.master={master}" if master else None
+
+
 PLATFORM = register(Platform(
-    name="determined", adapter=f"{__name__}.adapter:DeterminedBackend", order=20, label="Determined AI",
+    name="determined", remote_ranks=_remote_ranks, adapter=f"{__name__}.adapter:DeterminedBackend", order=20, label="Determined AI",
     colour="#047857", settings=DeterminedSettings,
     study_overhead=0.21,  # the study: Determined 1.21x DDP's time
     # the report looks modes up exactly: one caveat for one host and for local-<k>-nodes

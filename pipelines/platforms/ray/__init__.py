@@ -70,8 +70,13 @@ def standing_pids(paths) -> list[int]:
         return []
 
 
+def _remote_ranks(config) -> str | None:  # a Ray cluster someone keeps: the workers on its nodes
+    address = config.engine("ray").address
+    return f"engines.ray.address={address}" if address else None
+
+
 PLATFORM = register(Platform(
-    name="ray", adapter=f"{__name__}.adapter:RayBackend", order=30, label="Ray Train",
+    name="ray", adapter=f"{__name__}.adapter:RayBackend", order=30, label="Ray Train", remote_ranks=_remote_ranks,
     **{**_COMMON, "settings": RaySettings}, lifetime="standing",
     services=(f"{__name__}.standing:STANDING_SERVICE",), daemons=standing_pids,
     mode_caveats={"local-standing": "Ray Train on a one-node Ray cluster kept for the run on this host: " + _LOCAL},

@@ -7,22 +7,24 @@
    port free there) and, once it says it started, **one node per other host** (``ray start
    --address=<head> --block``), each through ``host.run`` so every Ray process (GCS, raylet,
    agents, the workers a raylet starts) lives in its host: its namespace and cgroups. Each node
-   has ``N / len(hosts)`` x ``threads_per_worker`` CPUs, a small object store and its own short
-   ``--temp-dir`` (``/tmp`` is shared by the hosts; Ray's socket paths must stay under ~107
-   characters). Token authentication is on, with a token made for the launch (a 0600 file on the
-   shared storage, ``RAY_AUTH_TOKEN_PATH``, removed afterwards). Their output goes to
-   ``<cell>/ray-hosts/<host>.log``;
+   has ``N / len(hosts)`` x ``threads_per_worker`` CPUs, a small object store and its own
+   ``--temp-dir``, ``<scratch>/<host>``: the launch's private scratch folder
+   (``pipelines.runfolder.scratch``: 0700, an unguessable short name in ``/tmp``, which the hosts
+   share; Ray's socket paths must stay under ~107 characters). Token authentication is on, with a
+   token made for the launch (``<scratch>/auth``, 0600, ``RAY_AUTH_TOKEN_PATH``). Their output goes
+   to ``<cell>/ray-hosts/<host>.log``;
 2. the **driver on hosts[0]** (the launching process may not reach the hosts):
    ``python -m pipelines.platforms.ray.hosts --cell-dir ... --launch-time ... --address <head> --nodes k``,
    its output teed to the cell's ``train.log``. It joins the cluster, waits until all ``k`` nodes
    are alive, and runs the local path's ``TorchTrainer`` (``pipelines.platforms.ray.adapter.torch_trainer``)
    with ``placement_strategy="STRICT_SPREAD"`` when there is one worker per host; gloo and
    TensorPipe use the hosts' ``eth0`` (the workers' runtime env). A node that exits meanwhile
-   fails the launch at once;
+   fails the launch at once, and so does a driver still running after ``DRIVE_DEADLINE_S`` or
+   a process whose output is no longer read (``Unread``: it would block on a full pipe);
 3. afterwards (success, failure, exception, KeyboardInterrupt) the driver is stopped if still
    running, every ``ray start --block`` gets SIGTERM (it stops its node's processes, without
    Ray's drain; no ``ray stop``, which would kill every Ray process of the machine), then
-   ``host.stop_processes`` takes whatever is left on each host, and the nodes' temp dirs are
+   ``host.stop_processes`` takes whatever is left on each host, and the scratch folder is
    removed (a failed launch first copies Ray's logs to ``<cell>/ray-hosts/<host>-logs``). That
    happens after rank 0 wrote its result, so it is the cell's teardown phase.
 
@@ -55,6 +57,7 @@ from pipelines.training.cell import CellSpec
 from pipelines.cluster.processes import Tee, free_port_on, stop_tree
 from pipelines.platforms.torchrun import HOST_IFNAME, execute_on_hosts, host_nproc
 from pipelines.runfolder.paths import PROJECT_ROOT
+from pipelines.runfolder.scratch import make_scratch, remove_scratch
 
 log = logging.getLogger(__name__)
 DAEMON_DIR = "ray-hosts"  # in the cell folder: each node's `ray start` output, Ray's logs of a failed launch
@@ -72,26 +75,29 @@ NO_DRAIN = {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
 OWN_ENV = ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 STOP_GRACE_S = 3.0  # SIGTERM -> SIGKILL for what the nodes' shutdown left on a host
 DRIVER_STOP_S = 10.0
+# The longest a cell's driver may run on the hosts before it is taken for hung and the cell fails
+# saying so (the config has no cell timeout). Far above any cell here (the study's full run: 499 s
+# on 2 GPUs; a CPU smoke cell on emulated hosts: under a minute); PIPELINES_RAY_DRIVE_DEADLINE_S
+# sets another.
+DRIVE_DEADLINE_S = float(os.environ.get("PIPELINES_RAY_DRIVE_DEADLINE_S", str(12 * 3600)))
+UNREAD_GRACE_S = 2.0  # a process whose output reader stopped, still running this long after: it will block
 # the driver's output (workers' lines included, Ray prefixes them) is the cell's train.log: the
 # workers then add no file handler of their own (pipelines.platforms.ray.worker)
 
 
-def node_temp_dir(host: Any, pid: int | None = None) -> str:
-    """A node's own Ray temp folder: short (socket paths) and unique per launching process and host."""
-    return f"/tmp/rh{pid or os.getpid()}-{host.name}"
+def node_temp_dir(scratch: str | Path, host: Any) -> str:
+    """A node's own Ray temp folder, in the cluster's private scratch folder (which stays 0700 when
+    Ray makes this one 0777): short (socket paths) and one per host."""
+    return f"{scratch}/{host.name}"
 
 
-def token_path(pid: int | None = None) -> str:
-    """The launch's Ray auth token (a file on the storage every host shares; removed by ``stop``)."""
-    return f"/tmp/rh{pid or os.getpid()}-auth"
-
-
-def node_argv(hosts: Sequence[Any], k: int, port: int, cpus: int, pid: int | None = None,
+def node_argv(hosts: Sequence[Any], k: int, port: int, cpus: int, temp_dir: str,
               python: str = sys.executable) -> list[str]:
-    """``ray start --block`` for host ``k``: the head (GCS on ``port``) for k = 0, else a node joining it."""
+    """``ray start --block`` for host ``k``: the head (GCS on ``port``) for k = 0, else a node joining
+    it; ``temp_dir``: its Ray temp folder (``node_temp_dir``)."""
     host = hosts[k]
     common = [f"--node-ip-address={host.address}", f"--num-cpus={cpus}",
-              f"--temp-dir={node_temp_dir(host, pid)}", f"--object-store-memory={OBJECT_STORE_BYTES}",
+              f"--temp-dir={temp_dir}", f"--object-store-memory={OBJECT_STORE_BYTES}",
               "--disable-usage-stats", "--block"]
     ray = [python, "-m", "ray.scripts.scripts", "start"]
     if k == 0:
@@ -150,22 +156,22 @@ class RayOnHosts:
         self.spec, self.hosts = spec, list(hosts)
         self.cpus = host_nproc(spec.world_size, len(self.hosts)) * spec.config.training.threads_per_worker
         self.folder = spec.cell_dir / DAEMON_DIR
-        self.token = token_path()
-        self.env = {**process_env(), "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": self.token}
+        self.scratch: Path | None = None  # the launch's private folder: the nodes' temp folders, the token
+        self.env: dict[str, str] = {}
         self.nodes: list[Tee] = []
         self.driver: Tee | None = None
 
     def start(self, timeout_s: float = NODE_START_S) -> str:
         """Start the head, wait until it runs, start the other nodes (the driver waits for those);
         returns the head's GCS address."""
-        for host in self.hosts:
-            shutil.rmtree(node_temp_dir(host), ignore_errors=True)  # an earlier attempt's
-        Path(self.token).unlink(missing_ok=True)
-        with os.fdopen(os.open(self.token, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+        self.scratch = make_scratch("rh")  # new for each launch: nothing an earlier one left is reused
+        token = self.scratch / "auth"
+        with os.fdopen(os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
             f.write(secrets.token_hex(32))  # as `ray get-auth-token --generate`
+        self.env = {**process_env(), "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
         port = free_port_on(self.hosts[0])
         env = {**self.env, **NO_DRAIN, **trainer.node_env(self.spec.config)}
-        head = _start(self.hosts[0], node_argv(self.hosts, 0, port, self.cpus), env,
+        head = _start(self.hosts[0], self._node_argv(0, port), env,
                       self.folder / f"{self.hosts[0].name}.log", f"{self.hosts[0].name} ray", READY)
         self.nodes.append(head)
         deadline = time.monotonic() + timeout_s
@@ -175,21 +181,33 @@ class RayOnHosts:
                                    f"{timeout_s:.0f}s (exit code {head.proc.poll()}); last lines:\n"
                                    f"{head.text()}")
         for k, host in enumerate(self.hosts[1:], start=1):
-            argv = node_argv(self.hosts, k, port, self.cpus)
+            argv = self._node_argv(k, port)
             self.nodes.append(_start(host, argv, env, self.folder / f"{host.name}.log", f"{host.name} ray", READY))
             # a lost node comes back as an operator's supervisor would start it: the same `ray start`
             offer_return(self.spec.cell, host, argv, env, self.folder / f"{host.name}-returned.log")
         return f"{self.hosts[0].address}:{port}"
 
-    def drive(self, launch_time: float, address: str, poll_s: float = 0.2) -> None:
+    def _node_argv(self, k: int, port: int) -> list[str]:
+        return node_argv(self.hosts, k, port, self.cpus, node_temp_dir(self.scratch, self.hosts[k]))
+
+    def drive(self, launch_time: float, address: str, poll_s: float = 0.2,
+              deadline_s: float = DRIVE_DEADLINE_S) -> None:
         """Run the driver on hosts[0] to completion; raise with its tail when it fails, or with a
-        node's when one exits first."""
+        node's when one exits first, or when it is still running after ``deadline_s`` or its or a
+        node's output is no longer read (it would block on a full pipe)."""
         argv = driver_argv(self.spec.cell_dir, launch_time, address, len(self.hosts))
         head = self.hosts[0]
         elastic = self.spec.config.engine("ray").elastic_min_workers is not None
         self.driver = _start(head, argv, self.env, self.spec.cell.log, f"{head.name} driver")
         gone: set[str] = set()
+        deadline, unread = time.monotonic() + deadline_s, Unread()
         while self.driver.proc.poll() is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"ray: the driver on {head.name} was still running after {deadline_s:.0f}s "
+                                   f"(DRIVE_DEADLINE_S, PIPELINES_RAY_DRIVE_DEADLINE_S): taken for hung; "
+                                   f"last lines:\n{self.driver.text()}")
+            unread.check({f"driver on {head.name}": self.driver,
+                          **{f"node on {h.name}": n for h, n in zip(self.hosts, self.nodes)}})
             for k, (host, node) in enumerate(zip(self.hosts, self.nodes)):
                 if node.proc.poll() is not None and elastic and k > 0:  # Ray Train shrinks the group
                     if host.name not in gone:
@@ -207,8 +225,8 @@ class RayOnHosts:
                                f"(full log: {self.spec.cell.log}); last lines:\n{self.driver.text()}")
 
     def stop(self, keep_logs: bool = False) -> dict[str, list[int]]:
-        """Stop the driver and every node, then whatever is left on each host; remove the nodes'
-        temp dirs. Returns, per host, the pids that outlived the nodes' own shutdown."""
+        """Stop the driver and every node, then whatever is left on each host; remove the launch's
+        scratch folder. Returns, per host, the pids that outlived the nodes' own shutdown."""
         start = time.perf_counter()
         faults.withdraw_restarts(self.spec.cell)
         if self.driver is not None and self.driver.proc.poll() is None:
@@ -219,13 +237,31 @@ class RayOnHosts:
         for out in [*self.nodes, *([self.driver] if self.driver else [])]:
             out.thread.join(5)
         for host in self.hosts:
-            if keep_logs:
-                _copy_logs(Path(node_temp_dir(host)), self.folder / f"{host.name}-logs")
-            shutil.rmtree(node_temp_dir(host), ignore_errors=True)
-        Path(self.token).unlink(missing_ok=True)
+            if keep_logs and self.scratch:
+                _copy_logs(Path(node_temp_dir(self.scratch, host)), self.folder / f"{host.name}-logs")
+        remove_scratch(self.scratch)  # the nodes' temp folders and the token
         log.info("ray: nodes on %d host(s) stopped in %.1fs%s", len(self.hosts), time.perf_counter() - start,
                  f"; killed what outlived them: {left}" if any(left.values()) else "")
         return left
+
+
+class Unread:
+    """Fails the launch when a process's output stopped being read (its Tee's thread ended, e.g.
+    writing the log hit a full disk) while it still runs for ``UNREAD_GRACE_S``: its pipe would fill
+    and it would block for good."""
+
+    def __init__(self, grace_s: float = UNREAD_GRACE_S):
+        self.grace_s, self.since = grace_s, {}
+
+    def check(self, tees: Mapping[str, Tee]) -> None:
+        now = time.monotonic()
+        for what, tee in tees.items():
+            if tee.thread is None or tee.thread.is_alive() or tee.proc.poll() is not None:
+                self.since.pop(what, None)
+            elif now - self.since.setdefault(what, now) > self.grace_s:
+                why = getattr(tee, "error", None) or f"writing {tee.log_path} stopped, e.g. the disk is full"
+                raise RuntimeError(f"ray: the output of the {what} is no longer read ({why}): it would "
+                                   "block on a full pipe; stopped")
 
 
 def _copy_logs(temp_dir: Path, target: Path) -> None:

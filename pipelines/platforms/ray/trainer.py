@@ -5,11 +5,14 @@ the shared loop (``worker.py``), and ``fit`` with signals winning over Ray's own
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+from pathlib import Path
 
 from pipelines.measure import signals
 from pipelines.runfolder.paths import PROJECT_ROOT
+from pipelines.runfolder.scratch import check_scratch, make_scratch, remove_scratch
 from pipelines.training.cell import CellSpec
 
 log = logging.getLogger(__name__)
@@ -30,14 +33,43 @@ def worker_env_vars(environ: dict[str, str] | None = None) -> dict[str, str]:
     return out
 
 
-def local_cluster_options(world_size: int, threads: int, pid: int | None = None) -> dict:
-    """``ray.init`` keyword arguments for the cell's own local cluster (pure)."""
+# Ray's temp folder inside a private scratch folder: Ray makes its temp folder 0777 and reuses one
+# that exists (ray._common.utils.try_to_create_directory); the scratch (0700, made by mkdtemp) around
+# it keeps everyone else out. /tmp/bm-<purpose>-XXXXXXXX/ray: short enough for Ray's Unix sockets.
+RAY_DIR = "ray"
+_own_scratch: dict[int, Path] = {}  # per process id: a forked child makes its own
+
+
+def ray_temp_dir(scratch: str | Path) -> str:
+    return str(Path(scratch) / RAY_DIR)
+
+
+def own_scratch() -> Path:
+    """This process's private scratch folder for its own local cluster: made at first use, the same
+    one until it is removed or can no longer be trusted, then a new one."""
+    scratch = _own_scratch.get(os.getpid())
+    if scratch is not None:
+        try:
+            return check_scratch(scratch)
+        except FileNotFoundError:
+            pass
+        except PermissionError as err:  # replaced meanwhile: never use it again
+            log.warning("ray: %s; using a new one", err)
+    scratch = _own_scratch[os.getpid()] = make_scratch("ray")
+    # the cluster's shutdown removes Ray's folder inside it; the scratch itself goes with this process
+    atexit.register(remove_scratch, scratch)
+    return scratch
+
+
+def local_cluster_options(world_size: int, threads: int) -> dict:
+    """``ray.init`` keyword arguments for the cell's own local cluster: its temp folder in this
+    process's scratch folder (``own_scratch``: the same on every call until it is removed)."""
     return {
         "address": "local",  # always a new cluster: never join one found via RAY_ADDRESS
         "include_dashboard": False,
         "num_cpus": max(os.cpu_count() or 1, world_size * threads),  # N workers must fit
         "_node_ip_address": "127.0.0.1",
-        "_temp_dir": f"/tmp/ray-{pid or os.getpid()}",  # short: Unix socket paths max ~107 chars
+        "_temp_dir": ray_temp_dir(own_scratch()),
         "log_to_driver": True,
     }
 

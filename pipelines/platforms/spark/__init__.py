@@ -59,7 +59,12 @@ _SSH_REFUSAL = ("across SSH machines its standalone master and workers would sta
                 "(engines.spark.master=spark://...)")
 _COMMON = dict(daemons=embedded_cluster_pids, process_kinds=(("pyspark", "pyspark_worker"),), ssh_refusal=_SSH_REFUSAL,
                distributions=("pyspark",), programs=("java",), features=_FEATURES)
-_STANDING = dict(lifetime="standing", services=("pipelines.engines.spark_cluster:EMBEDDED_SERVICE",
+def _remote_ranks(config) -> str | None:  # barrier tasks run torchrun on that cluster's executors
+    master = config.engine("spark").master
+    return f"engines.spark.master={master}" if master.startswith(("spark://", "k8s://", "yarn")) else None
+
+
+_STANDING = dict(lifetime="standing", remote_ranks=_remote_ranks, services=("pipelines.engines.spark_cluster:EMBEDDED_SERVICE",
                                                 f"{__name__}.standing:STANDING_SERVICE"))
 _PER_JOB = dict(lifetime="per_job", default=False, smoke=False)  # named where a run compares lifetimes
 _FEEDS_NOTE = ("spark and spark_dataframe are the same TorchDistributor run with two data feeds: each rank "

@@ -7,6 +7,9 @@ The driver (the cell's session and TorchDistributor's call) runs in a process of
 (``pipelines.platforms.driver``: ``launch_on_this_host`` is what it runs) in the network namespace
 of its cluster (``driver_namespace``).
 
+In barrier mode TorchDistributor streams the ranks' output to a server on the driver, which pyspark
+binds to every interface: ``bind_log_server_to_driver`` makes it listen on the driver's address only.
+
 ``local_mode`` follows the master: ``local[...]`` -> local mode (torchrun on the driver, in the
 driver's network namespace of its own);
 any other master (``spark://host:7077``) -> barrier mode, one torchrun per Spark task, which
@@ -28,8 +31,10 @@ Across launch hosts (``run_cell(..., hosts=...)``) the driver runs on the first 
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,6 +45,7 @@ from pipelines.cluster import netns
 from pipelines.engines import spark_cluster
 from pipelines.engines.spark_cluster import EMBEDDED, master_url
 from pipelines.engines.spark_session import get_spark, stop_spark
+from pipelines.runfolder.scratch import make_scratch, remove_scratch
 
 log = logging.getLogger(__name__)
 # executors of a new session register within seconds on a healthy cluster; PIPELINES_SPARK_SLOT_WAIT_S
@@ -103,6 +109,44 @@ def task_slots(spark, needed: int = 1, wait_s: float | None = None) -> int:
         time.sleep(0.5)
 
 
+@functools.cache
+def _log_server_on_driver_address() -> type:
+    """pyspark's ``LogStreamingServer`` (the ranks' output, streamed to the driver in barrier mode)
+    on the driver's address instead of 0.0.0.0: pyspark gives it ``spark.driver.host``, the address
+    the tasks' clients connect to, but binds every interface, and whoever reaches this host could
+    write into the cell's log. Its port is the kernel's pick at bind time (no free-port race)."""
+    import socketserver
+    import threading
+
+    from pyspark.ml.torch import log_communication as logs
+
+    class DriverAddressLogServer(logs.LogStreamingServer):
+        def start(self, spark_host_address: str = "") -> None:
+            if self.server:
+                raise RuntimeError("Cannot start the server twice.")
+            server = socketserver.ThreadingTCPServer((spark_host_address or "127.0.0.1", 0), logs.WriteLogToStdout)
+            server.is_active = True  # its handlers read it
+            self.server, self.port = server, server.server_address[1]
+            self.serve_thread = threading.Thread(target=server.serve_forever, daemon=True,
+                                                 kwargs={"poll_interval": logs._SERVER_POLL_INTERVAL})
+            self.serve_thread.start()
+
+        def shutdown(self) -> None:
+            server = self.server
+            super().shutdown()
+            if server is not None:
+                server.server_close()
+
+    return DriverAddressLogServer
+
+
+def bind_log_server_to_driver() -> None:
+    """Make TorchDistributor start its log server on the driver's address (``_log_server_on_driver_address``)."""
+    from pyspark.ml.torch import distributor as torch_distributor
+
+    torch_distributor.LogStreamingServer = _log_server_on_driver_address()
+
+
 def run_distributor(spec: CellSpec, launch_time: float, train: TrainStep, master: str | None = None,
                     conf: dict[str, str] | None = None) -> None:
     """Start the cell's own SparkSession, check the slots, ``train(spark, TorchDistributor(...),
@@ -119,16 +163,23 @@ def run_distributor(spec: CellSpec, launch_time: float, train: TrainStep, master
     gpus = gpu_conf(settings["local_mode"], torch.cuda.device_count()) if settings["use_gpu"] else {}
     # the platform's own recovery: a failed (barrier) task is tried again (matrix.platform_retries)
     retries = {"spark.task.maxFailures": str(spec.config.matrix.platform_retries + 1)}
-    conf = {**gpus, **retries, **(conf or {})}
+    # the driver's temp files (Spark's local dirs, its JVM's, TorchDistributor's) in a 0700 folder of the cell's
+    scratch, tempdir = make_scratch("spark-driver"), tempfile.tempdir
+    private = {"spark.local.dir": str(scratch), "spark.driver.extraJavaOptions": f"-Djava.io.tmpdir={scratch}"}
+    conf = {**gpus, **retries, **private, **(conf or {})}
     master = master or master_url(spec.config, spec.paths)  # "embedded": the run's own standalone cluster
-    spark = get_spark(master, app_name=f"train-{spec.cell_dir.name}", conf=conf, fresh=True)
     try:
+        tempfile.tempdir = str(scratch)
+        spark = get_spark(master, app_name=f"train-{spec.cell_dir.name}", conf=conf, fresh=True)
         if not settings["local_mode"]:
             check_task_slots(spec.world_size, task_slots(spark, spec.world_size), master)
         log.info("TorchDistributor(%s) on %s", settings, master)
+        bind_log_server_to_driver()
         train(spark, TorchDistributor(**settings), spec, launch_time)
     finally:
         stop_spark(jvm=True)  # the driver's JVM ends with the cell: nothing of it beside the next one
+        tempfile.tempdir = tempdir
+        remove_scratch(scratch)
 
 
 def driver_namespace(spec: CellSpec, lifetime: str | None) -> netns.Namespace:
