@@ -8,7 +8,7 @@ import logging
 from datetime import timedelta
 
 from airflow.providers.smtp.notifications.smtp import SmtpNotifier  # ~10 ms (smtplib)
-from airflow.sdk import (Asset, CronTriggerTimetable, TaskGroup, TriggerRule, chain, dag, get_current_context,
+from airflow.sdk import (Asset, CronTriggerTimetable, Param, TaskGroup, TriggerRule, chain, dag, get_current_context,
                          setup, task, teardown)
 
 # light (pydantic, which Airflow has loaded): everything heavy is imported inside the tasks
@@ -119,7 +119,7 @@ def run_step(run_dir: str, step: str) -> dict:
     schedule=CronTriggerTimetable("0 2 * * *", timezone="UTC", run_immediately=timedelta(0)),
     catchup=False,
     max_active_runs=1,
-    params=dag_plan.trigger_params(),
+    params={name: Param(**spec) for name, spec in dag_plan.param_specs().items()},  # the trigger form
     tags=["benchmark", "training", "mlflow"],
     default_args={"retries": 0},
     user_defined_macros={"benchmark_alert": dag_plan.benchmark_alert},  # the alert mails' text

@@ -9,7 +9,7 @@
 # MLflow store in runs/mlflow.db (`mlflow ui --backend-store-uri sqlite:///runs/mlflow.db`).
 # The whole output of `airflow dags test` is kept in $AIRFLOW_HOME/logs/smoke/smoke-<UTC time>.log.
 # A failed run (dags test exits non-zero or the DAG run failed) ends with the log's path and, as the
-# last line, the first failed task and its error (pipelines/run/dag_failure.py), then exits non-zero:
+# last line, the first failed task and its error (plugins/dag_failure.py), then exits non-zero:
 #   smoke run failed: task ingest: DataSourceError: dataset_source='/nonexistent': path does not exist ...
 #   smoke run failed: refused before any task ran: ParamValidationError: Invalid input for param epochs: ...
 set -euo pipefail
@@ -33,8 +33,8 @@ rc=${PIPESTATUS[0]}
 set -e
 if [ "$rc" -ne 0 ] || grep -q "DagRun Finished:.*state=failed" "$log"; then
   # the first failed task and its error, from the metadata DB, the task logs and this output
-  if ! why="$(python -m pipelines.run.dag_failure imdb_benchmark --output "$log" 2>>"$log" | tail -n 1)"; then
-    why="airflow dags test exited $rc; ${why:-pipelines.run.dag_failure found no error}"
+  if ! why="$(python plugins/dag_failure.py imdb_benchmark --output "$log" 2>>"$log" | tail -n 1)"; then
+    why="airflow dags test exited $rc; ${why:-plugins/dag_failure.py found no error}"
   fi
   echo "smoke run failed after $(( $(date +%s) - start )) s; full output: $log"
   echo "smoke run failed: $why"

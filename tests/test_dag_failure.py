@@ -1,11 +1,11 @@
-"""A failed DAG run says why: pipelines.run.dag_failure and the last line of scripts/smoke.sh.
+"""A failed DAG run says why: plugins/dag_failure.py and the last line of scripts/smoke.sh.
 
     .venv/bin/python -m pytest tests/test_dag_failure.py -q                 # ~5 min on 2 cores
     .venv/bin/python -m pytest tests/test_dag_failure.py -q -m "not slow"   # the parsing only (~1 s)
 
 The slow tests run scripts/smoke.sh (SMOKE_SKIP_SETUP=1: the machine is set up already) on an
 isolated SQLite Airflow home: a nonexistent data source, a trigger value the params refuse and an
-unknown config field; then pipelines.run.dag_failure on the metadata DB of the failed run.
+unknown config field; then plugins/dag_failure.py on the metadata DB of the failed run.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.run import dag_failure
-from pipelines.run.dag_failure import FailedTask
+from plugins import dag_failure
+from plugins.dag_failure import FailedTask
 from tests.airflow.conftest import airflow_env
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -173,7 +173,7 @@ def test_dag_failure_reads_the_failed_run_from_the_db(home, missing_source):
     env = {**env, "BENCHMARK_OUTPUT_ROOT": str(out)}
 
     def explain(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "pipelines.run.dag_failure", "imdb_benchmark", *args],
+        return subprocess.run([sys.executable, "plugins/dag_failure.py", "imdb_benchmark", *args],
                               cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=180, check=False)
 
     with_output = explain(run_id, "--output", str(log))

@@ -175,3 +175,22 @@ def test_run_folder_file_names_are_spelled_only_in_paths():
     spelled = {str(p.relative_to(PROJECT_ROOT)): [n for n in names if n in p.read_text()]
                for p in PACKAGE.rglob("*.py") if p.name != "paths.py"}
     assert {k: v for k, v in spelled.items() if v} == {}
+
+
+def _airflow_imports(path: Path, root: Path = PROJECT_ROOT) -> list[str]:
+    """``file:line`` of every import of an ``airflow`` module in ``path`` (module level or not)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                 [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+        found += [f"{path.relative_to(root)}:{node.lineno}" for n in names if n.split(".")[0] == "airflow"]
+    return found
+
+
+def test_the_library_imports_no_airflow(tmp_path):
+    """``pipelines/`` is importable and testable without Airflow: the DAG's Params and the metadata DB
+    reader (plugins/dag_failure.py) live beside the DAG."""
+    assert [hit for path in sorted(PACKAGE.rglob("*.py")) for hit in _airflow_imports(path)] == []
+    planted = tmp_path / "planted.py"  # the check itself sees one inside a function
+    planted.write_text("def f():\n    from airflow.sdk import Param\n")
+    assert _airflow_imports(planted, root=tmp_path) == ["planted.py:2"]

@@ -1,6 +1,6 @@
 """What the ``imdb_benchmark`` DAG decides, so that ``dags/imdb_benchmark.py`` only wires tasks.
 
-    params=dag_plan.trigger_params()                     # the trigger form (Airflow Params)
+    params={n: Param(**s) for n, s in dag_plan.param_specs().items()}   # the trigger form (Airflow Params)
     dag_plan.config_from_params(params)                  # trigger conf -> BenchmarkConfig
     run_dir = dag_plan.start_run(params, dag_id, run_id) # the prepare_run task
     dag_plan.cells_with(run_dir, workers)                # plan_wN: the kwargs of train.wN's instances
@@ -177,13 +177,6 @@ def param_specs() -> dict[str, dict[str, Any]]:
                                         "are deployment fields (data, model and output locations, masters, "
                                         "tracking URI): those come from the workers' environment."},
     }
-
-
-def trigger_params() -> dict:
-    """The DAG's ``params``: one ``airflow.sdk.Param`` per field of ``param_specs``."""
-    from airflow.sdk import Param
-
-    return {name: Param(**spec) for name, spec in param_specs().items()}
 
 
 def overrides_from_params(params: dict, environ: dict | None = None) -> dict:

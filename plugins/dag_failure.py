@@ -1,8 +1,11 @@
 """Why a DAG run failed, in one line: its first failed task and that task's exception.
 
-    python -m pipelines.run.dag_failure imdb_benchmark                  # the latest run of the DAG
-    python -m pipelines.run.dag_failure imdb_benchmark RUN_ID
-    python -m pipelines.run.dag_failure imdb_benchmark --output dags_test.log   # + the captured output
+    python plugins/dag_failure.py imdb_benchmark                  # the latest run of the DAG
+    python plugins/dag_failure.py imdb_benchmark RUN_ID
+    python plugins/dag_failure.py imdb_benchmark --output dags_test.log   # + the captured output
+
+It reads Airflow's metadata DB, so it lives beside the DAG (``plugins/``, on Airflow's path), not in
+``pipelines/``, which imports no Airflow.
 
 prints e.g. ``task ingest: DataSourceError: dataset_source='/nonexistent': path does not exist ...``
 or, when the trigger's conf was refused before any run existed,
@@ -299,7 +302,7 @@ def explain(dag_id: str, run_id: str | None = None, output: str | None = None) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipelines.run.dag_failure", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python plugins/dag_failure.py", description=__doc__.split("\n")[0])
     parser.add_argument("dag_id")
     parser.add_argument("run_id", nargs="?", help="default: the run in --output, else the DAG's latest run")
     parser.add_argument("--output", type=Path, help="captured output of `airflow dags test` (a file)")
