@@ -109,7 +109,7 @@ def main() -> None:
     p.add_argument("--out", default=None)
     args = p.parse_args()
 
-    from pipelines.run.evaluation import bootstrap_interval
+    from pipelines.evaluation import bootstrap_interval
     from pipelines.runfolder.results import CellResult
 
     out = Path(args.out or tempfile.mkdtemp(prefix="recovery-"))

@@ -19,7 +19,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from pipelines.config import load_config, save_config
-from pipelines.run.evaluation import evaluate_run, summary_metrics
+from pipelines.evaluation import evaluate_run, summary_metrics
 from pipelines.runfolder.paths import RunPaths, safe_run_id
 from pipelines.tracking.regression import compare
 from pipelines.web.trends import record_dag_run

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from pipelines.run.evaluation import evaluate_run
+from pipelines.evaluation import evaluate_run
 from pipelines.report import build_report, render_html
 from pipelines.runfolder.results import CellResult
 from tests.synthetic_results import write_synthetic_run

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import statistics
 
-from pipelines.run.evaluation import evaluate_run, time_to_target
+from pipelines.evaluation import evaluate_run, time_to_target
 from pipelines.runfolder.summary import read_summary
 from tests.synthetic_results import make_result, write_synthetic_run
 

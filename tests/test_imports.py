@@ -140,6 +140,55 @@ def test_a_cycle_through_importlib_is_found(tmp_path):
     assert find_cycles(import_graph(tmp_path, "toy", {"toy.b": ["toy.a"]})) == [["toy.a", "toy.b", "toy.a"]]
 
 
+# The layers, bottom first: a module imports its own layer and those below it, never one above.
+# "registry": pipelines.platforms itself, its fields and each platform's declaration (its package's
+# __init__); the adapters and the rest of pipelines/platforms/ sit with training.
+LAYERS = ({"registry", "config", "runfolder"},
+          {"training", "platforms", "measure", "cluster", "data", "engines", "whatif"},
+          {"evaluation"},
+          {"report", "tracking"},
+          {"web"},
+          {"run"})
+
+
+def layer_of(module: str) -> int | None:
+    parts = module.split(".")
+    if len(parts) < 2:
+        return None  # the package itself, pipelines.__main__: the entry points
+    group = parts[1]
+    if group == "platforms" and (len(parts) == 2 or parts[2] == "fields" or
+                                 (len(parts) == 3 and parts[2] in platforms.BUILTIN)):
+        group = "registry"
+    found = [k for k, layer in enumerate(LAYERS) if group in layer]
+    assert found or group == "__main__", f"{module}: its folder {group!r} is in no layer of LAYERS"
+    return found[0] if found else None
+
+
+def arrows_up(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{a} -> {b}" for a, deps in graph.items() for b in deps
+                  if layer_of(a) is not None and layer_of(b) is not None and layer_of(b) > layer_of(a))
+
+
+def test_imports_point_down_the_layers():
+    assert arrows_up(import_graph()) == []
+
+
+def test_an_arrow_up_is_found(tmp_path):
+    """An upward import is seen, also one made at run time through importlib."""
+    graph = {"pipelines.config.sections": {"pipelines.cluster.links"}, "pipelines.tracking.alerts": set(),
+             "pipelines.platforms": {"pipelines.platforms.ddp.adapter"}}
+    assert arrows_up(graph) == ["pipelines.config.sections -> pipelines.cluster.links",
+                                "pipelines.platforms -> pipelines.platforms.ddp.adapter"]
+    pkg = tmp_path / "pipelines"
+    (pkg / "config").mkdir(parents=True)
+    (pkg / "run").mkdir()
+    for init in (pkg / "__init__.py", pkg / "config" / "__init__.py", pkg / "run" / "__init__.py", pkg / "run" / "cli.py"):
+        init.write_text("")
+    (pkg / "config" / "model.py").write_text("import importlib\n\ndef f():\n    importlib.import_module('pipelines.run.cli')\n")
+    assert arrows_up(import_graph(tmp_path, "pipelines", {})) == ["pipelines.config.model -> pipelines.run",
+                                                                  "pipelines.config.model -> pipelines.run.cli"]
+
+
 def test_training_never_imports_platforms():
     """The shared loop is below every platform: a platform's training process imports it, never back."""
     upward = {m: sorted(d for d in deps if d.startswith("pipelines.platforms.") or d == "pipelines.run.cells")
@@ -154,7 +203,7 @@ def test_contract_and_metrics_sit_below_platforms_and_training():
                 "pipelines.training.record"):
         assert not {d for d in graph[low] if d.startswith(("pipelines.run.", "pipelines.platforms.",
                                                            "pipelines.training.loop", "pipelines.training.worker"))}, low
-    assert not {d for d in graph["pipelines.training.loop"] if d == "pipelines.run.evaluation"}
+    assert not {d for d in graph["pipelines.training.loop"] if d == "pipelines.evaluation"}
 
 
 def test_no_sys_path_edits_and_one_project_root():
@@ -194,3 +243,22 @@ def test_the_library_imports_no_airflow(tmp_path):
     planted = tmp_path / "planted.py"  # the check itself sees one inside a function
     planted.write_text("def f():\n    from airflow.sdk import Param\n")
     assert _airflow_imports(planted, root=tmp_path) == ["planted.py:2"]
+
+
+def test_the_registry_imports_nothing_else_of_the_project():
+    """The Platform records and their declarations (stdlib and pydantic only): everything may read them,
+    and reading them loads no adapter, engine or config (the cycle an adapter -> config -> registry made)."""
+    graph = import_graph()
+    registry = {m for m in graph if layer_of(m) == 0 and (m == "pipelines.platforms" or m.startswith("pipelines.platforms."))}
+    assert registry >= {"pipelines.platforms", "pipelines.platforms.fields", "pipelines.platforms.ddp"}
+    assert {m: sorted(graph[m] - registry) for m in sorted(registry) if graph[m] - registry} == {}
+
+
+def test_the_readmes_module_map_names_every_module():
+    """README "Module map": every module of pipelines/ by its file name (a package by its folder)."""
+    text = (PROJECT_ROOT / "README.md").read_text()
+    block = text[text.index("## Module map"):]
+    block = block[:block.index("\n## ", 1)] if "\n## " in block[1:] else block
+    missing = [str(p.relative_to(PROJECT_ROOT)) for p in sorted(PACKAGE.rglob("*.py"))
+               if f"{p.name}" not in block and not (p.name == "__init__.py" and f"{p.parent.name}/" in block)]
+    assert missing == []

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from pipelines.report import build_verdict, platform_view
-from pipelines.run.evaluation import evaluate_run
+from pipelines.evaluation import evaluate_run
 from pipelines.runfolder.results import CellResult
 from tests.synthetic_results import write_synthetic_run
 

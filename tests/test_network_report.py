@@ -11,10 +11,10 @@ import statistics
 
 import pytest
 
-from pipelines.run.evaluation import aggregate_key, evaluate_run, summary_metrics
+from pipelines.evaluation import aggregate_key, evaluate_run, summary_metrics
 from pipelines.report import TIME_COLUMNS, break_even, break_even_rows, build_report, network_rows
 from pipelines.report.network import bandwidth, network_lines
-from pipelines.web.run_index import load_record
+from pipelines.runfolder.index import load_record
 from pipelines.runfolder.summary import read_summary
 from pipelines.web.trends import trend_series
 from tests.synthetic_results import GRADIENT_BYTES, make_result, write_synthetic_run

@@ -1,4 +1,4 @@
-"""Fixed versus per-epoch (pipelines.run.projection): the split of a cell's wall time into what a
+"""Fixed versus per-epoch (pipelines.evaluation.projection): the split of a cell's wall time into what a
 job pays once (provision, launch, teardown, retries) and per epoch, the total that makes for a
 stated job, and the job length from which the fixed cost stays under 5 %; the config field that
 states the job; what evaluation and the report make of it; and a real check: the projection made
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from pipelines.config import ConfigError
-from pipelines.run.evaluation import evaluate_run, summary_metrics
-from pipelines.run.projection import FIXED_SHARE, fixed_under, project, split, steady_epoch
+from pipelines.evaluation import evaluate_run, summary_metrics
+from pipelines.evaluation.projection import FIXED_SHARE, fixed_under, project, split, steady_epoch
 from pipelines.runfolder.results import CellResult, EpochMetrics
 from pipelines.runfolder.summary import Job
 from tests.synthetic_results import write_synthetic_run

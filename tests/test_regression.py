@@ -8,7 +8,7 @@ import json
 import pytest
 from mlflow import MlflowClient
 
-from pipelines.run.evaluation import evaluate_run
+from pipelines.evaluation import evaluate_run
 from pipelines.tracking.regression import FailedCellsError, RegressionError, check_regression
 from pipelines.tracking.runs import log_benchmark
 from tests.synthetic_results import write_synthetic_run

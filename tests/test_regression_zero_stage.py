@@ -4,7 +4,7 @@ failing the regression check against ZeRO-2."""
 
 from __future__ import annotations
 
-from pipelines.run.evaluation import evaluate_run
+from pipelines.evaluation import evaluate_run
 from pipelines.tracking.regression import check_regression
 from pipelines.tracking.runs import log_benchmark
 from tests import synthetic_results

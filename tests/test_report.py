@@ -11,7 +11,7 @@ import matplotlib.image
 import pytest
 from PIL import Image
 
-from pipelines.run.evaluation import evaluate_run, resource_cost, summary_metrics
+from pipelines.evaluation import evaluate_run, resource_cost, summary_metrics
 from pipelines.report import QUALITY_COLUMNS, RESOURCE_COLUMNS, TIME_COLUMNS, build_report
 from pipelines.report.tables import MEMORY_COLUMNS
 from pipelines.runfolder.summary import SummaryMissing
@@ -129,7 +129,7 @@ def test_report_with_every_cell_failed(make_config):
 
 def test_report_sets_each_platform_beside_the_study_with_its_mode(make_config):
     from pipelines.report import study_overhead, study_rows
-    from pipelines.run.projection import project, split
+    from pipelines.evaluation.projection import project, split
 
     config = make_config(backends=["ddp", "spark", "determined"], worker_counts=[1, 2], repeats=1)
     paths, results = write_synthetic_run(config)

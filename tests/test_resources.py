@@ -20,7 +20,7 @@ import pytest
 
 from pipelines.measure import resources
 from pipelines.cluster import EmulatedCluster, why_unavailable
-from pipelines.run.evaluation import evaluate_run, resource_cost
+from pipelines.evaluation import evaluate_run, resource_cost
 from pipelines.report.costs import cell_results, costs_markdown, phase_marks, timeline_plots
 from pipelines.runfolder.results import ResourceUsage
 from tests.synthetic_results import make_result, write_synthetic_run

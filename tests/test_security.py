@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.platforms.determined.adapter import experiment_config, validate_experiment_config
-from pipelines.run.evaluation import evaluate_run
+from pipelines.evaluation import evaluate_run
 from pipelines.runfolder.paths import safe_run_id
 from pipelines.report import build_report
 from pipelines.runfolder.results import CellResult

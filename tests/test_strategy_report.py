@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from pipelines.run.evaluation import evaluate_run
+from pipelines.evaluation import evaluate_run
 from pipelines.report import build_report
 from pipelines.runfolder.results import ClassMetrics
 from tests.synthetic_results import write_synthetic_run

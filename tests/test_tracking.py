@@ -23,7 +23,7 @@ import requests
 from mlflow import MlflowClient
 from mlflow.artifacts import download_artifacts
 
-from pipelines.run.evaluation import evaluate_run
+from pipelines.evaluation import evaluate_run
 from pipelines.runfolder.paths import RunPaths
 from pipelines.measure.tensorboard import write_events
 from pipelines.tracking.runs import (SYSTEM_METRICS_INTERVAL_S, TrackingUnavailable,

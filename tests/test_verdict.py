@@ -12,7 +12,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from pipelines.run.evaluation import evaluate_run
+from pipelines.evaluation import evaluate_run
 from pipelines.report import PARITY_POINTS, build_report, build_verdict, platform_view
 from pipelines.runfolder.results import CellResult
 from tests.synthetic_results import write_synthetic_run

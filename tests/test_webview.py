@@ -42,7 +42,7 @@ def write_run(make_config, root, run_id, profile="smoke", accuracy=0.61, report=
             total_seconds=11.0 if backend == "ddp" else 19.0,
         ).write(paths.cell(backend, workers, repeat).result)
     if report:  # the project's real evaluation + report modules write summary.json and plots
-        from pipelines.run.evaluation import evaluate_run
+        from pipelines.evaluation import evaluate_run
         from pipelines.report import build_report
 
         evaluate_run(config, paths)

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Self
 
-from pipelines.cluster.links import MAX_RATE, MIN_RATE, NetworkSpec  # noqa: F401 (the cluster's links)
+from pipelines.config.links import MAX_RATE, MIN_RATE, NetworkSpec  # noqa: F401 (the cluster's links)
 from pipelines.cluster.processes import stop_tree
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")

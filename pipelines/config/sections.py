@@ -197,7 +197,7 @@ NETWORK_SSH = "ssh"  # real machines: whatever their network is
 def check_network(name: str) -> str:
     """A network a cell may run on: ``local``, ``ssh`` or an emulated link (``unshaped``,
     ``10gbit``, ``1gbit``, ``100mbit``, ``<n>mbit``, ``<n>gbit``)."""
-    from pipelines.cluster.links import NetworkSpec
+    from pipelines.config.links import NetworkSpec
 
     name = str(name).strip().lower()
     if name in (NETWORK_LOCAL, NETWORK_SSH):
@@ -239,7 +239,7 @@ class ClusterConfig(Section):
 
 
 class ProjectedJob(Section):
-    """The job the report projects each platform's total to (``pipelines.run.projection``): its
+    """The job the report projects each platform's total to (``pipelines.evaluation.projection``): its
     fixed cost (provision, launch, teardown) + this many epochs of this many training reviews at
     the run's measured per-sample speed + the final test of ``test_samples`` reviews. Default: the
     published study's job, IMDB's 25,000 training reviews x 20 epochs, tested on its 25,000."""
@@ -271,7 +271,7 @@ class WhatIfConfig(Section):
     @field_validator("network")
     @classmethod
     def _rate(cls, v: str) -> str:
-        from pipelines.cluster.links import NetworkSpec
+        from pipelines.config.links import NetworkSpec
 
         return NetworkSpec.parse(v).text  # ValueError names what is allowed (at least 1mbit)
 
@@ -285,7 +285,7 @@ class TrackingConfig(Section):
     mlflow_experiment: str = "distributed-training-benchmark"
     target_accuracy: float = Field(0.7, gt=0, le=1)  # for time-to-accuracy
     price_per_worker_hour: float = Field(0.0, ge=0)
-    # The price sheet a cell's cost is priced from (pipelines.run.evaluation.resource_cost), USD:
+    # The price sheet a cell's cost is priced from (pipelines.evaluation.resource_cost), USD:
     # provisioned CPUs x wall hours x price_per_cpu_hour + peak memory GB x wall hours x
     # price_per_gb_hour + GPUs x wall hours x price_per_gpu_hour. Defaults: Google Cloud Compute
     # Engine on-demand list prices, us-central1 (cloud.google.com/compute/vm-instance-pricing and

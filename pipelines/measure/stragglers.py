@@ -27,7 +27,7 @@ import logging
 from collections.abc import Iterator
 
 from pipelines.cluster.emulated import CONTROLLERS
-from pipelines.cluster.links import MIN_RATE, NetworkSpec
+from pipelines.config.links import MIN_RATE, NetworkSpec
 from pipelines.runfolder.fileio import atomic_write_json
 from pipelines.runfolder.paths import CellPaths
 

@@ -192,12 +192,6 @@ def get(name: str) -> Platform:
         raise UnknownPlatform(f"unknown backend {str(name)!r} (registered: {', '.join(names())})") from None
 
 
-def adapter_class(name: str) -> type:
-    """The adapter class of platform ``name`` (its ``"module:Class"``), imported now."""
-    module, _, cls = get(name).adapter.partition(":")
-    return getattr(importlib.import_module(module), cls)
-
-
 def find(name: str) -> Platform | None:
     """The platform called ``name``, or None (a run folder from a platform no longer registered)."""
     try:

@@ -3,7 +3,7 @@
 What each cell's processes used (``CellResult.resources``, measured by ``pipelines.measure.resources``): CPU
 seconds and utilisation, peak memory, the platform's footprint beside the ranks' (what runs that is
 not a rank, by kind: JVMs, raylet and GCS, torchrun, the driver), bytes, GPU, and the cost priced
-from the price sheet (``config.tracking``, ``pipelines.run.evaluation.resource_cost``). Wiring:
+from the price sheet (``config.tracking``, ``pipelines.evaluation.resource_cost``). Wiring:
 
     by_cell = cell_results(config, paths)
     timeline_plots(by_cell, paths.cells, paths.report)      # report/timeline-<cell>.png
@@ -39,7 +39,7 @@ PLATFORM_COLUMNS = ["platform", "workers", "network", "repeats measured", "cost 
 
 def cell_results(config, paths) -> dict[str, CellResult]:
     """Cell name -> its CellResult, for every configured cell that has one."""
-    from pipelines.run.evaluation import read_cells
+    from pipelines.evaluation import read_cells
 
     return {cell_name(b, w, r, s, n): result for (b, s, n, w, r), result in read_cells(config, paths).items()
             if isinstance(result, CellResult)}

@@ -41,7 +41,7 @@ def has_networks(summary: RunSummary) -> bool:
 
 def bandwidth(network: str) -> float | None:
     """Bits/s of a network's links: its rate, ~9 Gbit/s unshaped; None where unknown (local, ssh)."""
-    from pipelines.cluster.links import NetworkSpec
+    from pipelines.config.links import NetworkSpec
 
     try:
         spec = NetworkSpec.parse(network)

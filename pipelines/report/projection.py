@@ -1,4 +1,4 @@
-"""The report's view of fixed versus per-epoch (``pipelines.run.projection``): each platform's
+"""The report's view of fixed versus per-epoch (``pipelines.evaluation.projection``): each platform's
 total projected to the summary's job, the table under "Beside the published study", and the
 figures the verdict's projection sentence is made of.
 
@@ -15,7 +15,7 @@ from pipelines import platforms
 from pipelines.report.tables import _fmt, _md_table, networked
 from pipelines.runfolder.summary import Aggregate, Job, Projection, RunSummary
 
-FIXED_PERCENT = 5  # pipelines.run.projection.FIXED_SHARE, as the report says it
+FIXED_PERCENT = 5  # pipelines.evaluation.projection.FIXED_SHARE, as the report says it
 
 PROJECTION_COLUMNS = ["platform", "workers", "fixed s", "epoch s: first / steady", "ms per review-epoch",
                       "projected total s (95 %)", "vs ddp (projected)", "fixed share", "fixed under 5 % from"]
@@ -87,7 +87,7 @@ def projection_lines(summary: RunSummary) -> list[str]:
                 "before projections existed: evaluate the run again): nothing to project."]
     return [title, "", _md_table(PROJECTION_COLUMNS, rows), "",
             "Each cell's wall time splits into what a job pays once and what it pays per epoch "
-            "(`pipelines/run/projection.py`), medians over repeats: fixed = provision + launch + teardown "
+            "(`pipelines/evaluation/projection.py`), medians over repeats: fixed = provision + launch + teardown "
             "(+ retries); the steady-state epoch = training + held-out evaluation + checkpoint, the median of "
             "the epochs after the first (a 1-epoch cell has only its first epoch, which then stands for every "
             "epoch); the first epoch's extra over it is paid once. Projected total = fixed + that warm-up + "

@@ -12,7 +12,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from pipelines.config import BenchmarkConfig
-from pipelines.run.evaluation import read_cells
+from pipelines.evaluation import read_cells
 from pipelines.runfolder.fileio import atomic_write_text
 from pipelines.runfolder.paths import RunPaths, cell_name
 from pipelines.report.network import has_networks, network_lines

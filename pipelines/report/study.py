@@ -33,7 +33,7 @@ def _where_the_time_goes(a: Aggregate, ddp: Aggregate) -> str:
 
 
 def _projected_overhead(a: Aggregate, ddp: Aggregate) -> str:
-    """The platform's projected total for the summary's job over DDP's (``pipelines.run.projection``)."""
+    """The platform's projected total for the summary's job over DDP's (``pipelines.evaluation.projection``)."""
     if a.projection is None or ddp.projection is None or not ddp.projection.total_seconds:
         return "n/a"
     return _fmt(a.projection.total_seconds / ddp.projection.total_seconds - 1, "pct")

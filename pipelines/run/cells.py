@@ -11,6 +11,7 @@ runs: heavy libraries (torch, pyspark, determined, ray) are never imported to re
 
 from __future__ import annotations
 
+import importlib
 import logging
 import traceback
 from collections.abc import Callable
@@ -32,8 +33,10 @@ log = logging.getLogger(__name__)
 
 def get_backend(backend: str) -> "TrainingBackend":
     """The adapter of ``backend``: the class its declaration names (``pipelines.platforms``),
-    imported here, when a cell runs, so reading the registry stays cheap."""
-    return platforms.adapter_class(backend)()
+    imported here, when a cell runs, so reading the registry stays cheap (and the registry, which
+    the config reads, never imports an adapter, which imports the config)."""
+    module, _, cls = platforms.get(backend).adapter.partition(":")
+    return getattr(importlib.import_module(module), cls)()
 
 
 def run_cell(config: BenchmarkConfig, paths: RunPaths, backend: str, workers: int,

@@ -17,7 +17,6 @@ On this host the services run in the run's loopback-only network namespace
 from __future__ import annotations
 
 import importlib
-import json
 import logging
 import time
 from typing import Any
@@ -26,6 +25,7 @@ from pipelines import platforms
 from pipelines.config import BenchmarkConfig
 from pipelines.runfolder.fileio import atomic_write_json
 from pipelines.runfolder.paths import RunPaths
+from pipelines.runfolder.summary import read_service_starts as read_record  # the record this module writes
 
 log = logging.getLogger(__name__)
 
@@ -51,14 +51,6 @@ def _start(service: Any, paths: RunPaths, config: BenchmarkConfig, tied_to_calle
     atomic_write_json(paths.root / "services.json", record)
     log.info("%s: up in %.1f s (%s)", service.name, seconds, address)
     return address
-
-
-def read_record(paths: RunPaths) -> dict[str, list[dict]]:
-    """Service name -> each start of it in this run: {started, provision_seconds}."""
-    try:
-        return json.loads((paths.root / "services.json").read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def start(config: BenchmarkConfig, paths: RunPaths, tied_to_caller: bool = False) -> dict[str, str | None]:

@@ -282,7 +282,7 @@ def evaluate(run_dir: str) -> dict:
     Failed cells are part of the summary; a run where no cell wrote any result is an error
     (the data stage or every cell died before training: there is nothing to report).
     """
-    from pipelines.run.evaluation import evaluate_run
+    from pipelines.evaluation import evaluate_run
 
     config, paths = _load(run_dir)
     if not paths.cell_results():

@@ -7,6 +7,7 @@ than silently re-running evaluation.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -46,7 +47,7 @@ class Job(BaseModel):
 
 
 class Projection(BaseModel):
-    """One aggregate's total projected to the summary's ``job`` (``pipelines.run.projection``)."""
+    """One aggregate's total projected to the summary's ``job`` (``pipelines.evaluation.projection``)."""
 
     total_seconds: float  # fixed + first-epoch warm-up + epochs x per-epoch + final test
     fixed_seconds: float  # provision + launch + teardown (+ retries), the job pays it once
@@ -105,14 +106,14 @@ class CellRow(BaseModel):
     communication_seconds: float | None = None  # phases["communication"]
     recall_per_class: list[float] = Field(default_factory=list)  # test recall of label 0..K-1
     # what the cell's processes used (CellResult.resources; None: not measured) and its cost from the
-    # price sheet (pipelines.run.evaluation.resource_cost)
+    # price sheet (pipelines.evaluation.resource_cost)
     cpu_seconds: float | None = None
     cpu_utilisation: float | None = None
     peak_rss_mb: float | None = None
     ranks_peak_rss_mb: float | None = None
     platform_peak_rss_mb: float | None = None
     cost: float | None = None
-    # fixed versus per-epoch (pipelines.run.projection.split): what the cell paid once, its first and
+    # fixed versus per-epoch (pipelines.evaluation.projection.split): what the cell paid once, its first and
     # steady-state epoch (median of the epochs after the first; the one epoch of a 1-epoch cell), per
     # training review and epoch, and the rest (final test, model export); None: failed or no epoch
     fixed_seconds: float | None = None
@@ -276,3 +277,12 @@ def read_summary(paths: RunPaths) -> RunSummary:
         raise SummaryMissing(f"{paths.summary} missing: evaluate the run first "
                              f"(python -m pipelines report {paths.root})")
     return RunSummary.model_validate_json(paths.summary.read_text())
+
+
+def read_service_starts(paths: RunPaths) -> dict[str, list[dict]]:
+    """``<run>/services.json`` (written by ``pipelines.run.services``): service name -> each start of it
+    in this run, {started, provision_seconds}; {} before any."""
+    try:
+        return json.loads((paths.root / "services.json").read_text())
+    except (OSError, ValueError):
+        return {}

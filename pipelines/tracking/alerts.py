@@ -2,7 +2,7 @@
 
 ``build_alert(run_dir, ...)`` reads the run folder (report/regression.json, written by
 ``pipelines.tracking.regression`` before it raises, and report/summary.json, through
-``pipelines.web.trends.read_run_files``) and returns the subject, a plain-text body (chat
+``pipelines.runfolder.index.read_run_files``) and returns the subject, a plain-text body (chat
 webhooks) and an HTML body (mail), naming the run, every alarmed cell with its old and new
 values, the failed cells with their errors, and links. The DAG sends it through Airflow
 notifiers (``SmtpNotifier`` on the SMTP connection ``benchmark_alerts``; see the README).
@@ -26,7 +26,7 @@ from typing import Any
 from urllib.parse import quote
 
 from pipelines.runfolder.paths import RunPaths
-from pipelines.web.trends import RunRecord, dag_run_link, load_record, mlflow_links
+from pipelines.runfolder.index import RunRecord, dag_run_link, load_record, mlflow_links
 
 SUBJECT_PREFIX = "[benchmark]"
 MAX_SUBJECT = 200

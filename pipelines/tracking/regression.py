@@ -33,7 +33,7 @@ import statistics
 from typing import Any
 
 from pipelines.config import BenchmarkConfig
-from pipelines.run.evaluation import summary_metrics
+from pipelines.evaluation import summary_metrics
 from pipelines.runfolder.fileio import atomic_write_json
 from pipelines.runfolder.paths import RunPaths
 from pipelines.runfolder.summary import RunSummary, read_summary

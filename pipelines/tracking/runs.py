@@ -69,7 +69,7 @@ def log_benchmark(config: BenchmarkConfig, paths: RunPaths) -> dict[str, Any]:
     store cannot be reached (retry the stage; the files are unaffected)."""
     from mlflow.entities import Metric
 
-    from pipelines.run.evaluation import summary_metrics
+    from pipelines.evaluation import summary_metrics
 
     summary = read_summary(paths)
     client = client_for(config)

@@ -128,7 +128,7 @@ def _flat(value: Any) -> Any:
 def summary_tables(summary: dict[str, Any] | None) -> list[tuple[str, list[str], list[dict]]]:
     """Tables found in report/summary.json: every list of records, with its key as title.
 
-    pipelines.run.evaluation owns summary.json's layout (``aggregates``: one record per backend and
+    pipelines.evaluation owns summary.json's layout (``aggregates``: one record per backend and
     worker count, ``failed``, ...); any such list shows as a table, so new columns appear
     without changing this module. ``cells`` is left out: the page reads result.json itself.
     Columns that are empty in every row are dropped.

@@ -17,23 +17,23 @@ airflow.json, report/summary.json, report/regression.json, cells/*/result.json),
 summary model only changes that function. Nothing here imports Airflow; the one writer is
 ``record_dag_run`` (airflow.json, called by the DAG's prepare_run).
 
-Reading (``read_run_files``, ``RunRecord``, ``RunIndex``) is ``pipelines.web.run_index``; this module
+Reading (``read_run_files``, ``RunRecord``, ``RunIndex``) is ``pipelines.runfolder.index``; this module
 turns records into trend series, links and the asset event's extra.
 """
 
 from __future__ import annotations
 
-import os
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 from pipelines import platforms
 from pipelines.runfolder.paths import RunPaths
-from pipelines.web.run_index import (RunFiles, RunIndex, RunRecord, latest_per_profile, load_record,
-                                 read_run_files, record_dag_run, run_started)
+from pipelines.runfolder.index import (AIRFLOW_RUN_PREFIXES, RunFiles, RunIndex, RunRecord, dag_run_link,
+                                       latest_per_profile, load_record, mlflow_links, read_run_files,
+                                       record_dag_run, run_started)
 
-# what the page, the DAG, alerts, comparison and tests import from here (defined in run_index)
+# what the page, the DAG, comparison and tests import from here (defined in pipelines.runfolder.index)
 __all__ = ["AIRFLOW_RUN_PREFIXES", "METRICS", "WINDOWS", "RunFiles", "RunIndex", "RunRecord",
            "asset_extra", "dag_run_link", "latest_per_profile", "load_record", "mlflow_links",
            "read_run_files", "record_dag_run", "run_started", "trend_series"]
@@ -75,7 +75,7 @@ def _band(metric: str, kind: str | None, scale: float, reg: dict[str, Any] | Non
 
 def _network_order(agg: dict[str, Any]) -> tuple[int, float]:
     """Local first, then the links fastest first (unshaped, 10gbit, 1gbit, 100mbit), unknown last."""
-    from pipelines.cluster.links import NetworkSpec
+    from pipelines.config.links import NetworkSpec
 
     network = agg.get("network") or "local"
     if network == "local":
@@ -149,49 +149,6 @@ def trend_series(runs: list[RunRecord], profile: str, window_days: int | None = 
 
 
 # --- links and the asset event ---------------------------------------------------------------
-
-AIRFLOW_RUN_PREFIXES = ("manual__", "scheduled__", "asset_triggered__", "dataset_triggered__",
-                        "backfill__")
-
-
-def dag_run_link(run: RunRecord, ui_url: str = "", dag_id: str = "imdb_benchmark") -> tuple[str, str] | None:
-    """(label, url) of the Airflow DAG run that made the folder; its DAG's run list when the
-    folder only looks like an Airflow run (made before airflow.json existed); None for CLI runs."""
-    from urllib.parse import quote
-
-    base = ui_url.rstrip("/")
-    if run.dag_run and run.dag_run.get("run_id"):
-        dag = run.dag_run.get("dag_id", dag_id)
-        return (f"Airflow DAG run {run.dag_run['run_id']}",
-                f"{base}/dags/{quote(dag, safe='')}/runs/{quote(run.dag_run['run_id'], safe='')}")
-    if run.run_id.startswith(AIRFLOW_RUN_PREFIXES):
-        return f"Airflow runs of {dag_id} (run id not recorded)", f"{base}/dags/{quote(dag_id, safe='')}/runs"
-    return None
-
-
-def mlflow_links(run: Any, ui_url: str | None = None) -> list[tuple[str, str | None]]:
-    """(label, url) per MLflow parent run of a run (RunRecord or anything with ``.mlflow``);
-    url None when no MLflow UI is known (env MLFLOW_UI_URL, e.g. http://127.0.0.1:5000).
-
-    mlflow.json (pipelines.tracking.runs) maps tracking URI -> {experiment_id, parent_run_id}; a
-    flat {parent_run_id, experiment_id} record is read too.
-    """
-    data = run.mlflow or {}
-    entries = [data] if "parent_run_id" in data else [
-        {**v, "tracking_uri": k} for k, v in data.items() if isinstance(v, dict)]
-    ui_url = (ui_url if ui_url is not None else os.environ.get("MLFLOW_UI_URL", "")).rstrip("/")
-    links: list[tuple[str, str | None]] = []
-    for entry in entries:
-        run_id, experiment = entry.get("parent_run_id"), entry.get("experiment_id")
-        if not run_id:
-            continue
-        label = f"MLflow parent run {run_id}"
-        if entry.get("tracking_uri"):
-            label += f" ({entry['tracking_uri']})"
-        path = f"#/experiments/{experiment}/runs/{run_id}" if experiment else f"#/runs/{run_id}"
-        links.append((label, f"{ui_url}/{path}" if ui_url else None))
-    return links
-
 
 def asset_extra(run_dir: str | Path, dag_run_id: str | None = None) -> dict[str, Any]:
     """The extra of the DAG's 'benchmark summary' asset event: enough to find and read the run."""

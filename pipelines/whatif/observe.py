@@ -30,7 +30,7 @@ UNSHAPED = "unshaped"  # emulated hosts whose links are not shaped: veth at memo
 
 def rate_bps(network: str) -> float | None:
     """A network's rate in bit/s ("1gbit" -> 1e9); None for loopback, unshaped links or SSH hosts."""
-    from pipelines.cluster.links import NetworkSpec
+    from pipelines.config.links import NetworkSpec
 
     if network in (LOOPBACK, UNSHAPED, "ssh"):
         return None

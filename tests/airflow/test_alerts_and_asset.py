@@ -77,7 +77,7 @@ def _baseline_in_mlflow(output_root: Path, profile_overrides: dict) -> str:
     """A successful earlier run of the same config (fingerprint) on this host, logged by the real
     tracking code: the regression check compares only like with like."""
     from pipelines.config import load_config
-    from pipelines.run.evaluation import evaluate_run
+    from pipelines.evaluation import evaluate_run
     from pipelines.tracking.regression import check_regression
     from pipelines.tracking.runs import log_benchmark
     from tests.synthetic_results import write_synthetic_run

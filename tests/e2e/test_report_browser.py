@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.run.evaluation import evaluate_run
+from pipelines.evaluation import evaluate_run
 from pipelines.report import build_report
 from tests.synthetic_results import write_synthetic_run
 

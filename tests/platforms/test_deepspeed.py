@@ -224,7 +224,7 @@ def test_the_report_the_costs_the_page_and_mlflow(reference_run):
     from mlflow import MlflowClient
 
     from pipelines.report import build_report
-    from pipelines.run.evaluation import evaluate_run
+    from pipelines.evaluation import evaluate_run
     from pipelines.tracking.runs import log_benchmark
     from pipelines.web.data import load_run, trends_data
 

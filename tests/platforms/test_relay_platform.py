@@ -71,7 +71,7 @@ def _relay_run(tmp_path, bench_config, imdb_dir, bert_tiny_dir, name: str, **upd
 def test_a_cell_the_report_the_costs_and_the_page_data(tmp_path, bench_config, imdb_dir, bert_tiny_dir):
     from pipelines.report import build_report
     from pipelines.run.cells import run_cell
-    from pipelines.run.evaluation import evaluate_run
+    from pipelines.evaluation import evaluate_run
     from pipelines.web.data import load_run, trends_data
 
     config, paths = _relay_run(tmp_path, bench_config, imdb_dir, bert_tiny_dir, "relay-run")

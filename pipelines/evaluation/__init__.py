@@ -16,7 +16,7 @@
   worker-hours and estimated cost (kept in the summary, not in the report); what the cells' processes
   used (``CellResult.resources``: peak memory of the ranks, the platform and the whole cell) and their
   cost from the price sheet (``resource_cost``); what each cell paid once and per epoch, and the
-  total that makes for ``config.tracking.projected_job`` (``pipelines.run.projection``);
+  total that makes for ``config.tracking.projected_job`` (``pipelines.evaluation.projection``);
 - the failed cells and why (a missing result.json counts as failed "no result").
 
 It never raises for failed cells: the report must come out for partial runs. Per-prediction
@@ -32,15 +32,15 @@ import logging
 import statistics
 
 from pipelines import platforms
-from pipelines.run import services
 from pipelines.config import BenchmarkConfig
 from pipelines import whatif
-from pipelines.run import projection
+from pipelines.evaluation import projection
 from pipelines.measure import footprint
-from pipelines.run.hardware import hardware
+from pipelines.evaluation.hardware import hardware
 from pipelines.runfolder.paths import DEFAULT_NETWORK, DEFAULT_STRATEGY, RunPaths, cell_name
 from pipelines.runfolder.results import CellResult
-from pipelines.runfolder.summary import Aggregate, CellRow, FailedCell, Interval, PriceSheet, RunSummary, Stats
+from pipelines.runfolder.summary import (Aggregate, CellRow, FailedCell, Interval, PriceSheet, RunSummary, Stats,
+                                        read_service_starts)
 from pipelines.training import phases
 
 log = logging.getLogger(__name__)
@@ -319,7 +319,7 @@ def evaluate_run(config: BenchmarkConfig, paths: RunPaths) -> RunSummary:
         price_sheet=_price_sheet(config.tracking),
         cost_total=sum(c for c in costs if c is not None) if any(c is not None for c in costs) else None,
         standing_clusters={name: [s["provision_seconds"] for s in starts]
-                           for name, starts in services.read_record(paths).items()},
+                           for name, starts in read_service_starts(paths).items()},
         what_it_takes=footprint.what_it_takes(finished),
     )
     _fit_intervals(summary, whatif.write_model(paths, finished))

@@ -50,7 +50,7 @@ def _json(path: Path, errors: list[str]) -> Any:
 
 def read_run_files(run_dir: Path, cells: bool = False) -> RunFiles:
     """Read a run folder's files. The only place that parses them (summary.json's layout is
-    pipelines.run.evaluation's; when it becomes a pydantic model, validate and ``model_dump`` here).
+    pipelines.evaluation's; when it becomes a pydantic model, validate and ``model_dump`` here).
     ``cells=True`` also reads every cells/*/result.json."""
     errors: list[str] = []
     paths = RunPaths(run_dir)
@@ -238,3 +238,46 @@ def latest_per_profile(runs: list[RunRecord]) -> dict[str, RunRecord]:
     for run in runs:  # newest first: the first one seen wins
         latest.setdefault(run.profile, run)
     return latest
+
+
+AIRFLOW_RUN_PREFIXES = ("manual__", "scheduled__", "asset_triggered__", "dataset_triggered__",
+                        "backfill__")
+
+
+def dag_run_link(run: RunRecord, ui_url: str = "", dag_id: str = "imdb_benchmark") -> tuple[str, str] | None:
+    """(label, url) of the Airflow DAG run that made the folder; its DAG's run list when the
+    folder only looks like an Airflow run (made before airflow.json existed); None for CLI runs."""
+    from urllib.parse import quote
+
+    base = ui_url.rstrip("/")
+    if run.dag_run and run.dag_run.get("run_id"):
+        dag = run.dag_run.get("dag_id", dag_id)
+        return (f"Airflow DAG run {run.dag_run['run_id']}",
+                f"{base}/dags/{quote(dag, safe='')}/runs/{quote(run.dag_run['run_id'], safe='')}")
+    if run.run_id.startswith(AIRFLOW_RUN_PREFIXES):
+        return f"Airflow runs of {dag_id} (run id not recorded)", f"{base}/dags/{quote(dag_id, safe='')}/runs"
+    return None
+
+
+def mlflow_links(run: Any, ui_url: str | None = None) -> list[tuple[str, str | None]]:
+    """(label, url) per MLflow parent run of a run (RunRecord or anything with ``.mlflow``);
+    url None when no MLflow UI is known (env MLFLOW_UI_URL, e.g. http://127.0.0.1:5000).
+
+    mlflow.json (pipelines.tracking.runs) maps tracking URI -> {experiment_id, parent_run_id}; a
+    flat {parent_run_id, experiment_id} record is read too.
+    """
+    data = run.mlflow or {}
+    entries = [data] if "parent_run_id" in data else [
+        {**v, "tracking_uri": k} for k, v in data.items() if isinstance(v, dict)]
+    ui_url = (ui_url if ui_url is not None else os.environ.get("MLFLOW_UI_URL", "")).rstrip("/")
+    links: list[tuple[str, str | None]] = []
+    for entry in entries:
+        run_id, experiment = entry.get("parent_run_id"), entry.get("experiment_id")
+        if not run_id:
+            continue
+        label = f"MLflow parent run {run_id}"
+        if entry.get("tracking_uri"):
+            label += f" ({entry['tracking_uri']})"
+        path = f"#/experiments/{experiment}/runs/{run_id}" if experiment else f"#/runs/{run_id}"
+        links.append((label, f"{ui_url}/{path}" if ui_url else None))
+    return links
