@@ -83,10 +83,7 @@ def plan(run_dir: str, workers: int) -> list[dict]:
 
 # retries=0: a failed cell is retried by stages.train_cell (matrix.cell_retries, resuming from its
 # last checkpoint), the same policy as the CLI's; an Airflow retry would add more on top
-@task(pool=dag_plan.POOL, retries=0,
-      map_index_template="{{ task.op_kwargs['backend'] }} {{ task.op_kwargs['strategy'] }}"
-                         " {{ task.op_kwargs['network'] }} x{{ task.op_kwargs['workers'] }}"
-                         " r{{ task.op_kwargs['repeat'] }}")
+@task(pool=dag_plan.POOL, retries=0, map_index_template=dag_plan.CELL_LABEL)
 def train(run_dir: str, backend: str, strategy: str, network: str, workers: int, repeat: int) -> dict:
     """One (backend, strategy, network, workers, repeat) cell; retries resume from its last checkpoint."""
     from pipelines.run import stages

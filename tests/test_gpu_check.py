@@ -235,17 +235,17 @@ def test_whole_step_losses_equal_the_loop_steps(dropout):
 
 @pytest.mark.slow  # trains BERT-tiny
 def test_whole_step_check_catches_a_wrong_schedule(monkeypatch):
-    from pipelines.training import graph_step
+    from pipelines.training import graph_capture, graph_step
 
     model, config, data, order = _whole_step_case()
-    right = graph_step.schedule_table
-    monkeypatch.setattr(graph_step, "schedule_table", lambda o, s, n: right(o, s, n)[1:] + [0.0])  # one step early
+    right = graph_capture.schedule_table
+    monkeypatch.setattr(graph_capture, "schedule_table", lambda o, s, n: right(o, s, n)[1:] + [0.0])  # one step early
     check = graph_step.verify_whole_step(model, model, model, config, data, order, 8, torch.device("cpu"))
     assert not check["match"] and check["max_loss_diff"] > 1e-3
 
 
 def test_schedule_table_is_the_projects_scheduler():
-    from pipelines.training.graph_step import schedule_table
+    from pipelines.training.graph_capture import schedule_table
     from pipelines.training.steps import build_optimizer
 
     model, config, _, _ = _whole_step_case()
@@ -281,7 +281,7 @@ def _host_syncs(fn):
 def test_whole_step_and_eval_never_read_the_device_on_the_host():
     """What a capture needs, checked on the CPU: no .item() / bool(tensor) anywhere in the step
     (transformers' mask skip does one: graph_safe_masks turns it off) or in the evaluation."""
-    from pipelines.training.graph_step import GraphEval, WholeStep, graph_safe_masks
+    from pipelines.training.graph_capture import GraphEval, WholeStep, graph_safe_masks
 
     model, config, data, order = _whole_step_case()
     step = WholeStep(model, model, config, 10, data, 8, torch.device("cpu"))
@@ -297,7 +297,7 @@ def test_whole_step_and_eval_never_read_the_device_on_the_host():
 
 
 def test_graph_eval_equals_the_loops_evaluate():
-    from pipelines.training.graph_step import GraphEval, batch_sizes
+    from pipelines.training.graph_capture import GraphEval, batch_sizes
     from pipelines.training.steps import eval_loader, evaluate
 
     model, _, data, _ = _whole_step_case(rows=21)
@@ -376,7 +376,8 @@ def test_gpu_command_tiny_on_cpu_whole_step_trains_as_the_loop(tmp_path):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (graph capture)")
 def test_captured_whole_step_matches_the_loop_step_on_cuda():
-    from pipelines.training.graph_step import GraphEval, verify_whole_step
+    from pipelines.training.graph_capture import GraphEval
+    from pipelines.training.graph_step import verify_whole_step
     from pipelines.training.steps import eval_loader, evaluate
 
     model, config, data, order = _whole_step_case()

@@ -3,8 +3,8 @@
 - ``start_session(argv, die_with_parent=...)``: a command in its own session, so its own process
   group (group id = its pid), optionally tied to the starting thread (``PR_SET_PDEATHSIG``: the
   kernel SIGTERMs it when that thread ends, a SIGKILLed caller included);
-- ``stop_tree(targets, grace_s)``: SIGTERM each target (a launcher such as torchrun or
-  ``ray start --block`` takes its own processes down), wait up to ``grace_s`` for the whole trees
+- ``stop_tree(targets, grace_s)``: SIGTERM each target (a launcher such as torchrun or a
+  cluster daemon started with ``--block`` takes its own processes down), wait up to ``grace_s`` for the whole trees
   (recorded before the signal), SIGKILL what is left of them; ``tree=False``: the targets only.
   ``kill_after`` is the second half alone (processes already told to stop), ``stop_groups`` the
   same by process group (``killpg``: daemons started with ``start_session``), ``sigkill`` at once;

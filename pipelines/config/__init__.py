@@ -5,16 +5,15 @@
     cfg.training.epochs, cfg.engine("spark").master
 
 Sections (``sections.py``): data, training, matrix, engines (each platform's own settings), tracking.
-``model.py``: ``BenchmarkConfig``; ``loading.py``: profile + host defaults + overrides;
-``profiles.py``: smoke, nightly, paper; ``strategy.py``: ``TrainingStrategy``.
+``model.py``: ``BenchmarkConfig``; ``fields.py``: flat names and dotted paths; ``loading.py``: profile + host
+defaults + overrides; ``profiles.py``: smoke, nightly, paper; ``strategy.py``: ``TrainingStrategy``.
 """
 
 from pipelines.config.loading import (
     SET_NULL, load_config, parse_set_options, read_config, save_config, site_defaults,
 )
-from pipelines.config.model import (
-    BenchmarkConfig, ConfigError, deployment_fields, deployment_keys, field_paths, flat_view, form_schema, json_schema, path_of,
-)
+from pipelines.config.fields import ConfigError, deployment_fields, deployment_keys, field_paths, path_of
+from pipelines.config.model import BenchmarkConfig, flat_view, form_schema, json_schema
 from pipelines.config.profiles import PROFILES
 from pipelines.platforms.fields import deployment
 from pipelines.config.sections import DEFAULT_DATASET, DEFAULT_MODEL, SECTIONS

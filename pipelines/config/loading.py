@@ -9,7 +9,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from pipelines.config.model import BenchmarkConfig, ConfigError, _merge, deployment_fields, format_error, nest
+from pipelines.config.fields import ConfigError, _merge, deployment_fields, nest
+from pipelines.config.model import BenchmarkConfig, format_error
 from pipelines.config.profiles import PROFILES
 from pipelines.runfolder.fileio import atomic_write_text
 

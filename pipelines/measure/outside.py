@@ -40,8 +40,9 @@ def outside_figures(busy_before: float | None, busy_after: float | None, cell_cp
 
 
 # the emulated hosts themselves: their keeper holds the namespaces and cgroups, idle (the machine
-# the cells run on, not a process beside them); the holder of the run's network namespace, idle
-INFRASTRUCTURE = ("pipelines.cluster.keeper",)
+# the cells run on, not a process beside them); the holder of the run's network namespace, idle;
+# Python's multiprocessing helpers, which outlive the pool that started them and sleep on a pipe
+INFRASTRUCTURE = ("pipelines.cluster.keeper", "multiprocessing.resource_tracker", "multiprocessing.forkserver")
 
 
 def is_infrastructure(pid: int) -> bool:

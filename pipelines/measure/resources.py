@@ -4,8 +4,8 @@
 ``ResourceUsage`` (``pipelines.runfolder.results`` says what each figure is). The cell's processes: this one
 (the driver) and those started under it during the cell, ``daemons`` and theirs, and all in an
 emulated host's cgroups (cpuacct, memory: they measure the host; /proc splits it). Ranks wrote
-``<cell>/ranks/rank-<k>.pid`` (``write_rank_pid``, from the shared loop); the rest is the platform's,
-by ``process_kind``. One pass over /proc every ``interval_s`` (a process's CPU after its last sample
+``<cell>/ranks/rank-<k>.pid`` (``process_kinds.write_rank_pid``, from the shared loop); the rest is the
+platform's, by ``process_kinds.process_kind``. One pass over /proc every ``interval_s`` (a process's CPU after its last sample
 is not counted locally; the hosts' cgroups count all); what ran beside the cell: ``outside``. It
 never fails a cell (what it cannot measure is logged and noted)."""
 
@@ -28,6 +28,7 @@ from pipelines.measure.counters import gpu_sample as _gpu_sample
 from pipelines.measure.counters import host_marks as _host_marks
 from pipelines.measure.listeners import listening
 from pipelines.measure.outside import host_busy_seconds, is_infrastructure, outside_figures, run_processes_outside
+from pipelines.measure.process_kinds import RANKS_DIR, _kind_of, _netns, _ns_bytes, _Proc, _proc_table, rank_pids
 from pipelines.runfolder.fileio import atomic_write_json
 from pipelines.runfolder.paths import CellPaths
 from pipelines.runfolder.results import HostUsage, ResourceUsage
@@ -36,35 +37,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL_S = 0.5
 LISTENERS_EVERY = 4  # samples between two reads of the listening sockets (a JVM has hundreds of fds)
-RESOURCES_FILE, RANKS_DIR = "resources.json", "ranks"
+RESOURCES_FILE = "resources.json"
 DRIVER = "driver"  # the process running TrainingBackend.run: its kind and its per_host key
-DRIVER_PROCESS = "pipelines.run.driver"  # a platform's driver process (pipelines.platforms.driver): kind "driver" too
 MB = 1024 * 1024
-_TICK, _PAGE = os.sysconf("SC_CLK_TCK"), os.sysconf("SC_PAGE_SIZE")
-_JVM_ROLES = (("deploy.master.Master", "java_master"), ("deploy.worker.Worker", "java_worker"),
-              ("CoarseGrainedExecutorBackend", "java_executor"))
-
-
-def _boot_id() -> str:  # a pid names a process of this machine only while this stays the same
-    path = Path("/proc/sys/kernel/random/boot_id")
-    return path.read_text().strip() if path.exists() else ""
-
-
-def write_rank_pid(cell_dir, rank: int) -> None:
-    """Mark this process as rank ``rank`` of the cell (``<cell>/ranks/rank-<k>.pid``: pid and this
-    machine's boot id). Never raises: a measure must not stop training."""
-    try:
-        folder = Path(cell_dir) / RANKS_DIR
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"rank-{int(rank)}.pid").write_text(f"{os.getpid()} {_boot_id()}\n")
-    except (OSError, ValueError) as err:
-        log.warning("rank %s: no pid file for the resource split: %s", rank, err)
-
-
-def rank_pids(cell_dir) -> set[int]:
-    """The cell's ranks on this machine (a pid file from another machine is left out)."""
-    texts = [p.read_text().strip().partition(" ") for p in (Path(cell_dir) / RANKS_DIR).glob("rank-*.pid")]
-    return {int(pid) for pid, _, boot in texts if pid.isdigit() and boot in ("", _boot_id())}
 
 
 def read_timeline(cell_dir) -> list[dict]:
@@ -73,61 +48,6 @@ def read_timeline(cell_dir) -> list[dict]:
         return json.loads((Path(cell_dir) / RESOURCES_FILE).read_text()).get("timeline", [])
     except (OSError, ValueError, AttributeError):
         return []
-
-
-def process_kind(name: str, cmdline: list[str]) -> str:
-    """What a platform process is, from its name and command line: a platform's driver process,
-    a Spark JVM by its main class, else the first platform rule that matches (``Platform.process_kinds``: a marker found
-    in the command line, or "=name" for the process's own name), else python or its name."""
-    from pipelines import platforms
-
-    text, first = " ".join(cmdline), Path(cmdline[0]).name if cmdline else ""
-    if DRIVER_PROCESS in text:  # a platform's driver process
-        return "driver"
-    if "java" in (name, first):  # SparkSubmit (the session's driver JVM) is plain "java"
-        return next((kind for marker, kind in _JVM_ROLES if marker in text), "java")
-    for marker, kind in platforms.process_kind_rules():
-        if (marker[1:] in (name, first)) if marker.startswith("=") else (marker in text):
-            return kind
-    return "python" if name.startswith("python") or first.startswith("python") else (name or "other")
-
-
-def _kind_of(pid: int, name: str) -> str:
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-        return process_kind(name, cmdline)
-    except OSError:
-        return process_kind(name, [])
-
-
-def _proc_table() -> dict[int, tuple]:
-    """pid -> (ppid, name, user + system CPU seconds, start (ticks after boot), RSS bytes) of every live
-    process: one read of /proc/<pid>/stat each (proc(5): fields 4, 2, 14 + 15, 22, 24)."""
-    out = {}
-    for entry in os.scandir("/proc"):
-        try:
-            data = Path(entry.path, "stat").read_bytes() if entry.name.isdigit() else None
-        except OSError:
-            continue
-        if data:
-            close = data.rindex(b")")
-            f = data[close + 2:].split()
-            if f[0] == b"Z":  # exited, not yet reaped by its parent: nothing of it runs any more
-                continue
-            out[int(entry.name)] = (int(f[1]), data[data.index(b"(") + 1:close].decode(errors="replace"),
-                                    (int(f[11]) + int(f[12])) / _TICK, int(f[19]), int(f[21]) * _PAGE)
-    return out
-
-
-@dataclass
-class _Proc:
-    ctime: int  # its start (ticks after boot): a reused pid is a new process
-    where: str  # a host's name, or DRIVER: this machine outside the hosts
-    name: str
-    kind: str
-    cpu: float  # user + system at its last sample
-    before: bool = False  # alive when the cell began: a standing cluster's process, not the cell's
-    listens: set = field(default_factory=set)  # "address:port"s it listened on (TCP)
 
 
 @dataclass
@@ -159,22 +79,6 @@ def _kinds(values: dict, fmt) -> dict[str, float]:
     kinds = {k.split(":", 1)[1]: fmt(v) for k, v in values.items() if k.startswith("kind:")}
     return dict(sorted(kinds.items(), key=lambda kv: -kv[1]))
 
-
-def _netns(pid: int) -> str | None:
-    try:
-        return os.readlink(f"/proc/{pid}/ns/net")
-    except OSError:
-        return None
-
-
-def _ns_bytes(pid: int) -> tuple[int, int]:
-    """(tx, rx) bytes of every interface in ``pid``'s network namespace (0, 0 once it is gone)."""
-    try:
-        lines = Path(f"/proc/{pid}/net/dev").read_text().splitlines()[2:]
-    except OSError:
-        return 0, 0
-    cols = [line.split(":", 1)[1].split() for line in lines if ":" in line]
-    return sum(int(c[8]) for c in cols), sum(int(c[0]) for c in cols)
 
 
 def _mb(value: float) -> float:

@@ -100,6 +100,11 @@ class Platform:
     # other machines (a cluster URL, a rendezvous endpoint), or None: preflight refuses such a run
     # over an untrusted network (cluster.trusted_network); loopback addresses are this machine's
     remote_ranks: Callable[[Any], str | None] | None = None
+    # what a run that loses its first host (fault_victim=coordinator) takes from it, e.g. "Ray's head",
+    # and the platform's own retry setting (platform_retries), e.g. "Ray `FailureConfig(max_failures)`":
+    # the report's "Losing a host" section names them ("": nothing to say)
+    coordinator_note: str = ""
+    retries_note: str = ""
     package: str = ""  # the module that declared it (set by register): workers import it by name
 
     def __post_init__(self) -> None:

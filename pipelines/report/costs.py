@@ -154,13 +154,13 @@ def _method_lines(summary: RunSummary, results_by_cell: dict[str, CellResult]) -
     notes = sorted({n for r in results_by_cell.values() if r.resources for n in r.resources.notes})
     return [
         f"Measured while each cell launched and trained (its last attempt), every {every} s. On this host: "
-        "the driver (the process that ran the cell) and every process started under it, plus the run's "
-        "embedded Spark daemons for the Spark cells, from /proc: CPU = user + system; peak memory = the "
+        "the driver (the process that ran the cell) and every process started under it, plus the "
+        "daemons of a cluster the run keeps standing for the cell's platform, from /proc: CPU = user + system; peak memory = the "
         "largest sum of RSS over one sample (pages shared between processes count in each). On emulated "
         "hosts: each host's cgroups (cpuacct; memory.max_usage_in_bytes, page cache included) plus the "
         "driver's processes; bytes = the hosts' link counters (on this host: the cell's private network "
         "namespace where it has one, else n/a). Ranks = the processes that wrote their pid "
-        "(`<cell>/ranks/`); the platform = everything else (launcher, JVMs, Ray daemons, the driver). Peak "
+        "(`<cell>/ranks/`); the platform = everything else (launcher, the platform's daemons and JVMs, the driver). Peak "
         "memory per scope: the ranks' RSS summed at their peak sample, the platform's likewise, and the whole "
         "cell's (all of them at once; per host: the host's cgroup); the peaks need not fall on one sample, so "
         "ranks + platform may exceed the whole cell.",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+from pipelines import platforms
 from pipelines.report.tables import _md_table, _text
 from pipelines.runfolder.results import CellResult
 
@@ -13,6 +14,13 @@ HEADER = ["cell", "platform", "lost", "at", "the platform", "recovered by", "wor
           "work lost s", "epochs redone", "resumed from epoch", "test accuracy", "cell"]
 OUTCOME = {"recovered": "recovered it", "failed": "failed", "timed_out": "no recovery before the deadline"}
 ACTION = {"shrank": "went on with fewer ranks", "restarted": "started its ranks again"}
+
+
+def _notes(field: str) -> str:
+    """The registered platforms' notes of one kind (``Platform.coordinator_note``, ``.retries_note``),
+    once each, in the registry's order."""
+    notes = [getattr(p, field) for p in platforms.all_platforms() if getattr(p, field)]
+    return ", ".join(dict.fromkeys(notes))
 
 
 def _seconds(value) -> str:
@@ -89,12 +97,11 @@ def faults_markdown(results: dict[str, CellResult]) -> str | None:
     lines = ["## Losing a host", "",
              "Each cell below lost every process of one host half-way through an epoch of its first attempt "
              "(`fault=host_loss`; `fault_victim`: `worker` = the last host, `coordinator` = the first, which holds "
-             "torchrun's rendezvous store, Ray's head, Spark's master). With `fault=host_return` the host comes back "
+             f"{_notes('coordinator_note')}). With `fault=host_return` the host comes back "
              "`return_after_s` later and its platform agent is started again as an operator's supervisor would "
              "(elastic torchrun: the same torchrun line, which rejoins the rendezvous), so an elastic platform can grow "
              "back to its full world size. \"The platform\" is what its own recovery did within the deadline "
-             "(`platform_retries`: torchrun `--max-restarts`, elastic with `engines.ddp.elastic`, Ray "
-             "`FailureConfig(max_failures)`, Spark `spark.task.maxFailures`); \"recovered by\" `project` means the "
+             f"(`platform_retries`: {_notes('retries_note')}); \"recovered by\" `project` means the "
              "project's retry relaunched the cell on every host from its last checkpoint. World size: before → "
              "after the loss (-> after the return). Recovery s: from the loss to the first training step after it; "
              "work lost: training done after the last checkpoint, thrown away (on a return, also the survivors' "

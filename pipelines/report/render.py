@@ -42,7 +42,7 @@ COMPARISON_NOTE = (
     "measured once, after training. 'resumed': repeats that needed more than one attempt. Cost: priced "
     "from the price sheet (see 'What each platform costs'; n/a where the cell's use was not measured). Peak "
     "memory, in three scopes (largest over the repeats): the ranks (the training processes' RSS summed at "
-    "their peak), the platform (every other process of the cell: launcher, JVMs, Ray daemons, the driver) "
+    "their peak), the platform (every other process of the cell: launcher, the platform's daemons and JVMs, the driver) "
     "and the whole cell (all of them at once; on emulated hosts the hosts' cgroups, page cache included).")
 
 

@@ -26,6 +26,12 @@ NOT_RUN = {
 }
 
 
+def _programs() -> str:
+    """The programs the registered platforms need beside Python, e.g. `java` (its JDK is sized)."""
+    names = sorted({prog for p in platforms.all_platforms() for prog in p.programs})
+    return ", ".join(f"`{n}`" for n in names) or "none"
+
+
 def _ports(count: int | None, beyond: int | None) -> str:
     return "" if count is None else f"{count} ({beyond})"
 
@@ -80,7 +86,7 @@ def what_it_takes_markdown(summary: RunSummary) -> str:
             f"- **install MB**: the dependency closure of the platform's Python distributions (their "
             f"Requires-Dist without extras) less that of {base}, which every platform trains with; each "
             f"distribution sized by the files its RECORD lists, in this run's environment. **programs**: the "
-            f"installation folder of a program it needs beside Python (Spark: the JDK of the `java` on PATH).",
+            f"installation folder of a program it needs beside Python (the one on PATH: {_programs()}).",
             f"- **processes and ports**: the cell's resource sampler (`<cell>/resources.json`): processes "
             f"started in the cell's timed window by kind (ranks as `rank`), and those the cell used that were "
             f"alive before it (a cluster kept for the run); the TCP ports they listened on (every fourth "

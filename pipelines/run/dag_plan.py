@@ -29,6 +29,8 @@ from pipelines.config import (
 log = logging.getLogger(__name__)
 
 POOL = "training_workers"
+CELL_LABEL = ("{{ task.op_kwargs['backend'] }} {{ task.op_kwargs['strategy'] }} {{ task.op_kwargs['network'] }}"
+              " x{{ task.op_kwargs['workers'] }} r{{ task.op_kwargs['repeat'] }}")  # a train instance's map index
 MAX_WORKERS = 4  # one train task per worker count 1..MAX_WORKERS (see DOC_MD); raise freely
 SLOTS_ENV = "BENCHMARK_TRAINING_SLOTS"  # the pool's size, exported by scripts/airflow_env.sh
 NOT_CONFIG = ("profile", "overrides")  # the form fields that are not one BenchmarkConfig field each

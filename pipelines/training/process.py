@@ -2,7 +2,7 @@
 under torchrun, TorchDistributor and Ray Train; Determined's Trainer for the Determined trial):
 
 - its pid file ``<cell>/ranks/rank-<k>.pid`` once it knows its rank
-  (``pipelines.measure.resources.write_rank_pid``: the resource split by process);
+  (``pipelines.measure.process_kinds.write_rank_pid``: the resource split by process);
 - rank 0's heartbeat ``<cell>/heartbeat`` while it trains, at most 4 times a second
   (``pipelines.measure.attempts.beat``: a killed attempt's end, and where training is, which
   ``pipelines.measure.faults`` waits for);
@@ -34,7 +34,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from pipelines.measure import attempts
-from pipelines.measure.resources import write_rank_pid
+from pipelines.measure.process_kinds import write_rank_pid
 from pipelines.runfolder.results import CellResult, RankSteps
 from pipelines.training.cell import CellSpec
 from pipelines.training.distributed import HOST_ENV, DistEnv

@@ -30,7 +30,7 @@ from mlflow import MlflowClient
 from pipelines import platforms
 from pipelines.config import BenchmarkConfig, load_config, save_config
 from pipelines.measure import attempts, signals
-from pipelines.measure.resources import rank_pids
+from pipelines.measure.process_kinds import rank_pids
 from pipelines.runfolder.paths import CellPaths, RunPaths
 from pipelines.runfolder.results import CellResult
 from tests.token_shards import write_token_shards

@@ -35,6 +35,8 @@ def _remote_ranks(config) -> str | None:  # one torchrun per node, meeting at th
 PLATFORM = register(Platform(
     name="ddp", remote_ranks=_remote_ranks, adapter=f"{__name__}.adapter:DDPBackend", order=0, label="PyTorch DDP (torchrun)",
     colour="#1d4ed8", settings=DDPSettings, reference=True, node_rank_setting="engines.ddp.node_rank",
+    coordinator_note="torchrun's rendezvous store",
+    retries_note="torchrun `--max-restarts`, elastic with `engines.ddp.elastic`",
     process_kinds=(("torchrun", "torchrun"), ("torch.distributed.run", "torchrun")),
     # torch is every platform's: DDP adds nothing to install; across machines a torchrun per
     # machine with the rendezvous settings (engines.ddp), started by whoever runs the job. It brings

@@ -56,6 +56,7 @@ _SSH_REFUSAL = ("across SSH machines its head and nodes would need the cluster's
                 "written to this machine's /tmp only) and a tracked stop; until then run it on emulated hosts or "
                 "join a Ray cluster of your own (engines.ray.address)")
 _COMMON = dict(settings=None, colour="#7c3aed", distributions=("ray",), features=_FEATURES, ssh_refusal=_SSH_REFUSAL,
+               coordinator_note="Ray's head", retries_note="Ray `FailureConfig(max_failures)`",
                # "=" : the process's own name; else a part of its command line (a worker's names its raylet)
                process_kinds=(("=raylet", "raylet"), ("=gcs_server", "gcs_server"), ("ray::", "ray_worker"),
                               ("default_worker.py", "ray_worker"), ("/ray/", "ray_other")))

@@ -58,7 +58,8 @@ _SSH_REFUSAL = ("across SSH machines its standalone master and workers would sta
                 "per-cell secret and a tracked stop, run it on emulated hosts or on a Spark cluster of your own "
                 "(engines.spark.master=spark://...)")
 _COMMON = dict(daemons=embedded_cluster_pids, process_kinds=(("pyspark", "pyspark_worker"),), ssh_refusal=_SSH_REFUSAL,
-               distributions=("pyspark",), programs=("java",), features=_FEATURES)
+               distributions=("pyspark",), programs=("java",), features=_FEATURES,
+               coordinator_note="Spark's master", retries_note="Spark `spark.task.maxFailures`")
 def _remote_ranks(config) -> str | None:  # barrier tasks run torchrun on that cluster's executors
     master = config.engine("spark").master
     return f"engines.spark.master={master}" if master.startswith(("spark://", "k8s://", "yarn")) else None
