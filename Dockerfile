@@ -69,6 +69,7 @@ COPY dags dags
 COPY plugins plugins
 COPY scripts scripts
 COPY bench bench
+COPY deploy deploy
 
 ENV PYTHONPATH=/opt/project \
     PYSPARK_PYTHON=/opt/venv/bin/python \

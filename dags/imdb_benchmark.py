@@ -45,7 +45,7 @@ def prepare_run() -> str:
 
 @setup
 def start_services(run_dir: str) -> dict:
-    """The services the run's platforms need (e.g. the embedded Spark cluster); name -> address."""
+    """The services the run's platforms declare (``Platform.services``: a standing cluster); name -> address."""
     from pipelines.run import stages
 
     return stages.start_services(run_dir)
@@ -109,8 +109,8 @@ def run_step(run_dir: str, step: str) -> dict:
 @dag(
     dag_id="imdb_benchmark",
     dag_display_name="IMDB distributed-training benchmark",
-    description="BERT-tiny on IMDB through DDP, Spark, Determined, Ray Train and DeepSpeed; report + MLflow",
-    doc_md=dag_plan.DOC_MD,
+    description=dag_plan.description(),  # the platforms named from the registry
+    doc_md=dag_plan.doc_md(),
     # Unpausing waits for the next 02:00: run_immediately=0 s, as Airflow 3.3 reads False as "run the
     # last 02:00 at once if under a tenth of a day old" (bench/RESULTS.md, the timetable finding).
     schedule=CronTriggerTimetable("0 2 * * *", timezone="UTC", run_immediately=timedelta(0)),

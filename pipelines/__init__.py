@@ -1,4 +1,5 @@
-"""Distributed-training platform benchmark: BERT-tiny on IMDB through DDP, Spark and Determined.
+"""Distributed-training platform benchmark: BERT-tiny on IMDB through each registered training platform
+(``pipelines.platforms``: one package per platform, compared with the reference one).
 
 Importable and testable without Airflow; the DAGs in ``dags/`` only wire these functions.
 """

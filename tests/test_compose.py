@@ -294,7 +294,7 @@ def test_env_file_is_ignored_by_git_and_kept_out_of_build_contexts():
     ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
                if line.strip() and not line.startswith("#")}
     assert {".env", "**/.env", ".git", ".venv", "runs", "tests"} <= ignored
-    kept = ("docker", "pipelines", "dags", "plugins", "scripts", "bench", "requirements.txt")
+    kept = ("docker", "pipelines", "dags", "plugins", "scripts", "bench", "deploy", "requirements.txt")
     assert not ignored & set(kept), "the Dockerfile COPYs these"
 
 

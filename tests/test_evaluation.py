@@ -55,9 +55,9 @@ def test_evaluate_run_aggregates_and_failures(make_config):
     assert aggs["ddp-w2"]["scaling_efficiency"] == t1 / (2 * t2)
     assert aggs["ddp-w1"]["scaling_efficiency"] == 1.0
     ddp, spark = aggs["ddp-w2"]["total_seconds"]["median"], aggs["spark-w2"]["total_seconds"]["median"]
-    assert aggs["spark-w2"]["overhead_vs_ddp_total"] == (spark - ddp) / ddp
-    assert aggs["spark-w2"]["overhead_vs_ddp_total"] > 0  # spark's session start-up
-    assert aggs["ddp-w1"]["overhead_vs_ddp_training"] == 0.0
+    assert aggs["spark-w2"]["overhead_vs_reference_total"] == (spark - ddp) / ddp
+    assert aggs["spark-w2"]["overhead_vs_reference_total"] > 0  # spark's session start-up
+    assert aggs["ddp-w1"]["overhead_vs_reference_training"] == 0.0
     assert summary["model_sources"] == ["random_init"]
     assert summary["dataset"]["source"] == config.data.dataset_source
 
@@ -77,3 +77,27 @@ def test_all_cells_missing_still_summarises(make_config):
     assert summary["status"] == "failed"
     assert summary["aggregates"][0]["total_seconds"]["median"] is None
     assert summary["failed"][0]["cell"] == "determined-w1-r0"
+
+
+def test_run_folders_written_before_the_neutral_names_are_still_read(make_config):
+    """summary.json's overhead_vs_ddp_* and result.json's spark_session (the names before the reference and
+    the driver's session were the registry's and the platform's) read as their neutral successors."""
+    from pipelines.runfolder.index import load_record
+    from pipelines.runfolder.results import CellResult
+
+    config = make_config(backends=["ddp", "spark"], worker_counts=[2])
+    paths, _ = write_synthetic_run(config)
+    written = evaluate_run(config, paths)
+    old = json.loads(paths.summary.read_text())
+    for agg in old["aggregates"]:
+        agg["overhead_vs_ddp_total"] = agg.pop("overhead_vs_reference_total")
+        agg["overhead_vs_ddp_training"] = agg.pop("overhead_vs_reference_training")
+    paths.summary.write_text(json.dumps(old))
+    assert read_summary(paths) == written
+    assert load_record(paths.root).aggregates["spark-w2"]["overhead_vs_reference_total"] > 0
+
+    cell = paths.cell("spark", 2, 0)
+    result = json.loads(cell.result.read_text())
+    result.pop("platform_session", None)
+    cell.result.write_text(json.dumps({**result, "spark_session": "fresh"}))
+    assert CellResult.read(cell.result).platform_session == "fresh"

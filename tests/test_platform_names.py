@@ -23,8 +23,10 @@ ALLOWED = {
     ("pipelines/config/strategy.py", "ddp"): "sharding mode",
     ("pipelines/runfolder/results.py", "ddp"): "sharding mode",
     ("pipelines/platforms/determined/adapter.py", "ddp"): "sharding mode (the strategies it refuses)",
-    # the Spark engine is shared by the data stage and the Spark platforms: its master URL is
-    # the platform's setting (engines.spark.master), read where the engine starts
+    # the Spark engine is shared by the data stage and the Spark platforms: it owns its settings
+    # (engines.spark, declared in pipelines.engines; the platforms declare that model as theirs)
+    # and reads its master URL (engines.spark.master) where it starts
+    ("pipelines/engines/__init__.py", "spark"): "the engine's settings entry, engines.spark",
     ("pipelines/engines/spark_cluster.py", "spark"): "engines.spark.master",
 }
 

@@ -79,7 +79,7 @@ def test_report_table_and_plots_match_results(make_config):
         for column, scope in zip(MEMORY_COLUMNS, ("ranks_peak_rss_mb", "platform_peak_rss_mb", "peak_rss_mb")):
             assert float(row[column]) == round(max(getattr(r.resources, scope) for r in ok))
         if row["backend"] == "ddp":
-            assert row["overhead vs ddp (total)"] == "+0.0 %"
+            assert row["overhead vs reference (total)"] == "+0.0 %"
     by_key = {f"{r['backend']}-w{r['workers']}": r for r in rows}
     t1 = statistics.median(results[f"spark-w1-r{i}"].training_seconds for i in range(2))
     t2 = statistics.median(results[f"spark-w2-r{i}"].training_seconds for i in range(2))

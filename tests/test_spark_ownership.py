@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from pipelines.cluster.emulated import process_start
+from pipelines.cluster.leftovers import process_start
 from pipelines.engines import spark_cluster
 from pipelines.measure.listeners import listening
 from pipelines.runfolder.paths import RunPaths

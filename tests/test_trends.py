@@ -78,7 +78,7 @@ def test_trend_series_marks_band_alarm_and_failed_cell(history):
     assert [r["run_id"] for r in trends["runs"]] == [_by_night(history, n) for n in range(8)]  # oldest first
     assert [s["key"] for s in trends["series"]] == ["ddp-w1", "ddp-w2", "spark-w1", "spark-w2"]
     ddp = trends["series"][0]
-    assert ddp["label"] == "ddp, 1 worker" and "overhead_vs_ddp_total" not in ddp["metrics"]
+    assert ddp["label"] == "ddp, 1 worker" and "overhead_vs_reference_total" not in ddp["metrics"]
     total = ddp["metrics"]["total_seconds"]
     regression = json.loads((history / _by_night(history, SLOW_NIGHT) / "report" / "regression.json").read_text())
     old = next(c for c in regression["cells"] if c["cell"] == "ddp-w1")["old_total_seconds"]
@@ -92,7 +92,7 @@ def test_trend_series_marks_band_alarm_and_failed_cell(history):
     assert list(spark_w2["total_seconds"]["failed"]) == [FAILED_NIGHT]
     assert "exited with code 1" in spark_w2["total_seconds"]["failed"][FAILED_NIGHT]
     assert spark_w2["total_seconds"]["values"][FAILED_NIGHT] is None
-    overhead = trends["series"][2]["metrics"]["overhead_vs_ddp_total"]["values"]
+    overhead = trends["series"][2]["metrics"]["overhead_vs_reference_total"]["values"]
     assert overhead[5] > overhead[1] > 0  # Spark's overhead grows night by night (in %)
     assert [a["run_id"] for a in trends["alarms"]] == [_by_night(history, SLOW_NIGHT)]
     assert "ddp-w1: median total time" in trends["alarms"][0]["message"]
@@ -158,7 +158,7 @@ def test_trends_page_embeds_series_and_explains_empty_states(history, tmp_path):
     html = render_trends(history, now=NOW)  # default profile: nightly
     assert "Trends of the <code>nightly</code> profile: 8 evaluated run(s), in the last 30 days" in html
     assert 'id="trend-data"' in html and 'src="static/chartjs/chart.umd.min.js' in html
-    for metric in ("total_seconds", "samples_per_second", "overhead_vs_ddp_total", "test_accuracy"):
+    for metric in ("total_seconds", "samples_per_second", "overhead_vs_reference_total", "test_accuracy"):
         assert f'id="chart-{metric}"' in html
     assert "Regression alarms in the last 30 days" in html and 'class="alarm"' in html
     assert 'href="../dags/imdb_benchmark/runs/scheduled__' in html and 'target="_top"' in html

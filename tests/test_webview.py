@@ -94,7 +94,7 @@ def test_page_shows_latest_run_comparison_and_plots(runs_root):
     assert "Latest run per profile" in html and "nightly_old" in html
     assert "Run manual__2026-01-01T00_00_00" in html  # newest run selected by default
     assert "Comparison (median over repeats)" in html and "ddp-w2" in html  # summary.json table
-    assert "overhead vs ddp total" in html and "0.7273" in html  # spark-w1: (19 - 11) / 11
+    assert "overhead vs reference total" in html and "0.7273" in html  # spark-w1: (19 - 11) / 11
     assert "spark-w2-r0" in html and 'class="bad"' in html  # failed cell marked
     assert 'src="runs/manual__2026-01-01T00_00_00/report/time_vs_workers.png"' in html
     assert "abc123" in html

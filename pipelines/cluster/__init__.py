@@ -4,7 +4,8 @@ Why: benchmark cells otherwise run on one host over loopback, where the network 
 ``pipelines.cluster.emulated`` for the design and the network policy it follows.
 """
 
-from pipelines.cluster.emulated import EmulatedCluster, EmulatedHost, NetworkSpec, sweep, why_unavailable
+from pipelines.cluster.emulated import EmulatedCluster, EmulatedHost, NetworkSpec, why_unavailable
+from pipelines.cluster.leftovers import sweep
 from pipelines.cluster.ssh import SSHHost, parse_host_entry, ssh_hosts
 from pipelines.cluster.throughput import measure_throughput
 

@@ -4,8 +4,8 @@
         --network 1gbit [--memory-mb 4096] [--owner-pid <pid>]
 
 Why a process of its own: the cluster's namespaces and cgroups carry their owner's PID
-(``pipelines.cluster.emulated``: a dead owner's leftovers are swept by the next start), and the
-cluster must outlive the DAG task that started it, as the embedded Spark cluster does. The keeper
+(``pipelines.cluster.leftovers``: a dead owner's leftovers are swept by the next start), and the
+cluster must outlive the DAG task that started it, as the run's other standing clusters do. The keeper
 writes the state file once the cluster is up (``status: "ready"``: what ``lifecycle.attach``
 reads to reach the hosts from any process), then waits: SIGTERM, SIGINT or SIGHUP, or the death of
 ``--owner-pid`` (the CLI that started it), stops the cluster (every process on its hosts is

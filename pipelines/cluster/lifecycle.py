@@ -17,7 +17,7 @@ which kills every process on the hosts and deletes namespaces and cgroups.
 
 Started by the CLI, the keeper also dies with it (``PR_SET_PDEATHSIG`` + ``--owner-pid``): a
 SIGKILLed CLI leaves no cluster behind, and a SIGKILLed keeper's leftovers are swept by the next
-start (``emulated.sweep``).
+start (``leftovers.sweep``).
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ from pathlib import Path
 
 import psutil
 
-from pipelines.cluster.emulated import EmulatedCluster, EmulatedHost, NetworkSpec, _cmd, sweep
+from pipelines.cluster.emulated import EmulatedCluster, EmulatedHost, NetworkSpec
+from pipelines.cluster.leftovers import _cmd, sweep
 from pipelines.cluster.processes import start_session, still, stop_tree
 from pipelines.config import BenchmarkConfig
 from pipelines.runfolder.paths import RunPaths

@@ -1,19 +1,19 @@
 """Loopback-only network namespaces for what a run starts on this host: a cell's own, and the run's.
 
-A one-host cell's processes listen on every interface (torch's rendezvous store, Ray's GCS, raylet
-and workers, Determined's chief sockets); in a network namespace whose only interface is loopback,
-nothing outside it reaches them.
+A one-host cell's processes listen on every interface (torch's rendezvous store, a platform's
+coordinator, node daemons and workers, a trial's chief sockets); in a network namespace whose only
+interface is loopback, nothing outside it reaches them.
 
 - **A cell's own** (``own()``): ``unshare --net`` (root) or ``unshare --user --map-root-user --net``
   (any other user: its own user namespace, as ``unshare -rn``) before the command, loopback brought
   up; everything the command starts lives in it, and it ends with its last process. Used for a
-  torchrun on one host (ddp, Determined, DeepSpeed) and for a driver whose cluster is the cell's own
-  (a per-job Spark or Ray cluster, Spark's local mode: ``pipelines.platforms.driver``).
+  torchrun (or a platform's own launcher) on one host and for a driver whose cluster is the cell's
+  own (a per-job cluster, a local mode without one: ``pipelines.platforms.driver``).
 - **The run's** (``ensure_run(paths)``): one that outlives any process, for what the run keeps
-  standing on this host (the embedded Spark cluster, the standing Ray head) and every driver that
-  uses it (the data stage's tokenization, a standing cell's driver): a cluster and its drivers must
-  share one loopback. A holder process keeps it (``<run>/netns/state.json``: its pid, start time and
-  namespace; started under ``<run>/netns/lock``, so two callers never start two); ``Namespace.prefix``
+  standing on this host (the data stage's embedded cluster, a platform's standing cluster) and
+  every driver that uses it (the data stage's tokenization, a standing cell's driver): a cluster and
+  its drivers must share one loopback. A holder process keeps it (``<run>/netns/state.json``: its
+  pid, start time and namespace; started under ``<run>/netns/lock``, so two callers never start two); ``Namespace.prefix``
   enters it with ``nsenter`` through a descriptor of the namespace opened while the holder is proved
   alive and whose inode is checked, as each command starts (never by pid: a reused pid is not joined);
   ``stop_run`` stops every process in it, then the holder. Ownership is proved before any signal:
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipelines.cluster import netns_entry
-from pipelines.cluster.emulated import process_start
+from pipelines.cluster.leftovers import process_start
 from pipelines.cluster.isolation import HOST, NONE, OWN, RUN, place, unless_allowed
 from pipelines.cluster.processes import identity, start_session, still, stop_tree
 from pipelines.runfolder.fileio import atomic_write_json

@@ -14,7 +14,7 @@ import os
 import signal
 import time
 
-from pipelines.cluster.emulated import process_start
+from pipelines.cluster.leftovers import process_start
 from pipelines.cluster.processes import running
 
 

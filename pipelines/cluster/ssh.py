@@ -1,13 +1,13 @@
 """Real machines reached over SSH, as launch hosts (the ``Host`` protocol of ``pipelines.platforms.contract``).
 
-This is how DeepSpeed's and MPI's launchers start a multi-node job: the launching machine runs
+This is how ssh-based launchers (MPI's among them) start a multi-node job: the launching machine runs
 one ``ssh`` per node, each starting that node's share of the job (here: its torchrun), in the
 same working directory, with the environment passed on the command line. The run folder and the
 project (the same venv path) must be on storage every machine sees at the same path, as for
 every multi-node launch of this project::
 
     hosts = ssh_hosts(["node0", "root@node1:2222"], user="bench", identity_file="~/.ssh/bench")
-    run_cell(config, paths, "ddp", 4, hosts=hosts)   # 2 ranks on each machine
+    run_cell(config, paths, backend, 4, hosts=hosts)   # 2 ranks on each machine
 
 ``SSHHost.run(argv, env)`` starts ``ssh -T -o BatchMode=yes ... user@address '<remote command>'``
 (OpenSSH client, no password prompt ever: key authentication only, host keys checked with

@@ -2,9 +2,10 @@
 
     from pipelines.config import load_config
     cfg = load_config("smoke", {"training.epochs": 3})   # or {"epochs": 3}: flat names are aliases
-    cfg.training.epochs, cfg.engine("spark").master
+    cfg.training.epochs, cfg.engine(name)           # engines.<name>: a platform's or an engine's settings
 
-Sections (``sections.py``): data, training, matrix, engines (each platform's own settings), tracking.
+Sections (``sections.py``): data, training, matrix, engines (the settings of each platform and of
+each engine the data stage runs on), cluster, tracking.
 ``model.py``: ``BenchmarkConfig``; ``fields.py``: flat names and dotted paths; ``loading.py``: profile + host
 defaults + overrides; ``profiles.py``: smoke, nightly, paper; ``strategy.py``: ``TrainingStrategy``.
 """

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from pipelines.config.sections import SECTIONS
+from pipelines.config.sections import SECTIONS, settings_models
 
 
 class ConfigError(ValueError):
@@ -20,7 +20,7 @@ def _marked(field: Any, key: str) -> Any:
 
 
 def _section_fields() -> dict[str, tuple[str, ...]]:
-    """Flat name -> path of every field of the fixed sections and every platform's settings."""
+    """Flat name -> path of every field of the fixed sections and of every ``engines`` entry."""
     from pipelines import platforms
 
     return _fields_of_generation(platforms.generation())
@@ -28,20 +28,19 @@ def _section_fields() -> dict[str, tuple[str, ...]]:
 
 @functools.lru_cache(maxsize=4)
 def _fields_of_generation(generation: int) -> dict[str, tuple[str, ...]]:
-    from pipelines import platforms
-
     out: dict[str, tuple[str, ...]] = {}
     for section, model in SECTIONS.items():
         for name, field in model.model_fields.items():
             out[_marked(field, "flat") or name] = (section, name)
-    for platform in platforms.all_platforms():
-        for name, field in (platform.settings.model_fields.items() if platform.settings else ()):
-            out[_marked(field, "flat") or f"{platform.name}_{name}"] = ("engines", str(platform.name), name)
+    for entry, settings in settings_models().items():  # engines.<entry>: its flat name, else <entry>_<field>
+        for name, field in settings.model_fields.items():
+            out[_marked(field, "flat") or f"{entry}_{name}"] = ("engines", str(entry), name)
     return out
 
 
 def field_paths() -> dict[str, tuple[str, ...]]:
-    """Flat alias -> path (``"spark_master"`` -> ``("engines", "spark", "master")``)."""
+    """Flat alias -> path (``"epochs"`` -> ``("training", "epochs")``; an ``engines`` field
+    ``<entry>_<field>`` -> ``("engines", <entry>, <field>)`` unless its ``deployment(flat=...)`` says)."""
     return _section_fields()
 
 
@@ -54,17 +53,15 @@ def alias_of(path: tuple) -> str:
 
 def deployment_fields() -> dict[str, str | None]:
     """Dotted path of every deployment field -> the BENCHMARK_* variable of its host default."""
-    from pipelines import platforms
-
     out: dict[str, str | None] = {}
     for section, model in SECTIONS.items():
         for name, field in model.model_fields.items():
             if _marked(field, "deployment"):
                 out[f"{section}.{name}"] = _marked(field, "env")
-    for platform in platforms.all_platforms():
-        for name, field in (platform.settings.model_fields.items() if platform.settings else ()):
+    for entry, settings in settings_models().items():
+        for name, field in settings.model_fields.items():
             if _marked(field, "deployment"):
-                out[f"engines.{platform.name}.{name}"] = _marked(field, "env")
+                out[f"engines.{entry}.{name}"] = _marked(field, "env")
     return out
 
 

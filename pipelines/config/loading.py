@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from pipelines.config.fields import ConfigError, _merge, deployment_fields, nest
 from pipelines.config.model import BenchmarkConfig, format_error
-from pipelines.config.profiles import PROFILES
+from pipelines.config.profiles import PROFILES, defaults as profile_defaults
 from pipelines.runfolder.fileio import atomic_write_text
 
 
@@ -46,8 +46,7 @@ def load_config(profile: str = "smoke", overrides: dict[str, Any] | None = None)
     names (``epochs``). ``profile``, and a ``profile`` key of the overrides, must name one of
     PROFILES (ConfigError otherwise)."""
     check_profiles("" if profile is None else profile, overrides)
-    defaults = {k: v() if callable(v) else v for k, v in PROFILES[profile].items()}
-    values = nest({**defaults, "profile": profile})
+    values = nest({**profile_defaults(profile), "profile": profile})
     if os.environ.get("MLFLOW_TRACKING_URI"):  # e.g. the compose stack's MLflow server
         values = _merge(values, {"tracking": {"mlflow_tracking_uri": os.environ["MLFLOW_TRACKING_URI"]}})
     given = {k: None if v is SET_NULL else v for k, v in (overrides or {}).items() if v is not None}
@@ -59,7 +58,7 @@ def load_config(profile: str = "smoke", overrides: dict[str, Any] | None = None)
 
 
 def parse_set_options(pairs: list[str]) -> dict[str, Any]:
-    """``["epochs=3", "matrix.backends=[\\"ddp\\"]"]`` -> dict; values are JSON if they parse, else str;
+    """``["epochs=3", "matrix.worker_counts=[1, 2]"]`` -> dict; values are JSON if they parse, else str;
     ``null`` is ``SET_NULL`` (the field set to None, not left at its default)."""
     out: dict[str, Any] = {}
     for pair in pairs:

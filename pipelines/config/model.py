@@ -1,10 +1,11 @@
 """``BenchmarkConfig``: the one typed configuration of a benchmark run, in sections.
 
-Fields are addressed by dotted path (``training.epochs``, ``engines.spark.master``) or by the
-flat name they had before sections existed (``epochs``, ``spark_master``): both work as input
-(``--set``, DAG params, ``model_copy(update=...)``, old ``config.json`` files); code reads the
-sections (``config.training.epochs``, ``config.engine("spark").master``). Unknown keys and wrong types are refused
-with a message naming the field and what is allowed.
+Fields are addressed by dotted path (``training.epochs``, ``engines.<name>.<field>``) or by the
+flat name they had before sections existed (``epochs``, ``<name>_<field>``: ``field_paths()``
+lists them): both work as input (``--set``, DAG params, ``model_copy(update=...)``, old
+``config.json`` files); code reads the sections (``config.training.epochs``,
+``config.engine(name).<field>``). Unknown keys and wrong types are refused with a message naming
+the field and what is allowed.
 
     >>> cfg = load_config("smoke", {"training.epochs": 3})
     >>> cfg.training.epochs, cfg.epochs

@@ -1,7 +1,9 @@
 """Named profiles: the defaults a run starts from (``load_config(profile, overrides)``).
 
 Keys are config fields by flat name or dotted path (``pipelines.config.model``); a callable value
-is called when the profile loads (what the platform registry implies).
+is called when the profile loads (what the platform registry implies). A platform's own settings
+for a profile (``engines.<name>``) are its record's (``Platform.profile_settings``): ``defaults``
+adds them, under the profile's own keys.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ PROFILES: dict[str, dict[str, Any]] = {
     "nightly": dict(
         train_samples=4000, test_samples=2000, max_seq_len=128, epochs=3, batch_size=32,
         learning_rate=1e-3, worker_counts=[1, 2], repeats=3, target_accuracy=0.7,
-        spark_master="embedded",  # Spark as teams deploy it: barrier tasks on a standalone cluster
     ),
     # The nightly's work on 2 emulated hosts (network namespaces, one core each) linked at 1 Gbit/s:
     # every platform by its own multi-node path, gradients over a real (shaped) link
@@ -45,6 +46,13 @@ PROFILES: dict[str, dict[str, Any]] = {
     "paper": dict(
         train_samples=None, test_samples=None, max_seq_len=128, epochs=20, batch_size=32,
         learning_rate=1e-4, worker_counts=[1, 2, 3], repeats=1, target_accuracy=0.8,
-        spark_master="embedded",
     ),
 }
+
+
+def defaults(profile: str) -> dict[str, Any]:
+    """What ``profile`` sets, by flat name or dotted path: each platform's settings for it
+    (``engines.<name>.<field>``, from its record), then the profile's own (callables called)."""
+    declared = {f"engines.{p.name}.{name}": value for p in platforms.all_platforms()
+                for name, value in p.profile_settings.get(profile, {}).items()}
+    return {**declared, **{k: v() if callable(v) else v for k, v in PROFILES[profile].items()}}

@@ -1,9 +1,10 @@
 """The sections of a benchmark config: data, training, matrix, engines, tracking.
 
 What a cell trains is ``data`` + ``training`` (the fingerprint: runs compare only within one);
-``matrix`` says which cells a run has and how they are retried; ``engines`` holds each
-platform's own settings (declared by the platform: ``pipelines.platforms.Platform.settings``); ``tracking``
-says where results go and how they are judged. A field marked ``deployment(...)`` is set by
+``matrix`` says which cells a run has and how they are retried; ``engines`` holds the settings of
+each platform (declared by the platform: ``pipelines.platforms.Platform.settings``) and of each engine
+the data stage runs on (declared by the engine: ``pipelines.engines``); ``tracking`` says where
+results go and how they are judged. A field marked ``deployment(...)`` is set by
 whoever deploys the benchmark (its BENCHMARK_* variable), never by a DAG trigger.
 """
 
@@ -14,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pipelines.config.strategy import STRATEGY_EXAMPLES, STRATEGY_PATTERN, TrainingStrategy, parse_strategy
+from pipelines.engines import ENGINE_SETTINGS
 from pipelines.platforms.fields import deployment
 from pipelines.platforms import PlatformName
 
@@ -96,15 +98,16 @@ class MatrixConfig(Section):
     cell_retries: int = Field(2, ge=0, le=10)
     # losing a host (pipelines.measure.faults): "host_loss" kills every process of a cell's last host in the
     # middle of epoch fault_epoch of its first attempt; the platform gets recovery_deadline_s to
-    # recover by its own means (platform_retries: torchrun --max-restarts, Ray FailureConfig
-    # max_failures, Spark spark.task.maxFailures - 1), then the project's retry may
+    # recover by its own means (platform_retries: the platform's own retry setting, named by its
+    # Platform record's ``retries_note``), then the project's retry may
     fault: Literal["none", "host_loss", "host_return", "slow_host", "slow_link"] = "none"
     fault_epoch: int = Field(1, ge=1)
     # which host is lost: "worker" (the last host: not the rendezvous / head / master) or
-    # "coordinator" (hosts[0]: torchrun's c10d store, Ray's head, Spark's master, the driver)
+    # "coordinator" (hosts[0]: the driver and the store, head or master a platform keeps there: its
+    # Platform record's ``coordinator_note``)
     fault_victim: Literal["worker", "coordinator"] = "worker"
     # host_return: the lost host's platform agent is started again this long after the loss
-    # (as an operator's supervisor would: torchrun agent, Ray node, Spark worker)
+    # (as an operator's supervisor would: the agent, node or worker a platform runs on each host)
     return_after_s: float = Field(20.0, ge=0, le=3600)
     # stragglers (pipelines.measure.stragglers): slow_host cuts the last host's CPU quota to this
     # fraction of its share; slow_link cuts its link to this fraction of the cell's network
@@ -151,22 +154,47 @@ def _flat_hint(settings: type[BaseModel], loc: tuple) -> str:
     return f" (flat name: {extra['flat']})" if isinstance(extra, dict) and extra.get("flat") else ""
 
 
+def settings_models() -> dict[str, type[BaseModel]]:
+    """``engines.<name>`` -> its settings model (``settings_model``): the platforms' entries in report
+    order, then the engines' (``pipelines.engines``) that no platform of that name reads."""
+    from pipelines import platforms
+
+    names = [p.name for p in platforms.all_platforms() if p.settings is not None]
+    return {name: settings_model(name) for name in dict.fromkeys([*names, *ENGINE_SETTINGS])}
+
+
+def settings_model(name: str) -> type[BaseModel] | None:
+    """The settings model of ``engines.<name>``: the engine's, where an engine has that name (a
+    platform on that engine declares the engine's model), else the platform's (None: it has none);
+    UnknownPlatform names the registered platforms when neither has the name."""
+    from pipelines import platforms
+
+    if name not in ENGINE_SETTINGS:
+        return platforms.get(name).settings
+    platform = platforms.find(name)
+    if platform is not None and platform.settings not in (None, ENGINE_SETTINGS[name]):
+        raise ValueError(f"engines.{name}: platform {name!r} declares settings of its own, but the engine "
+                         f"{name!r} owns that entry (declare its model: pipelines.engines)")
+    return ENGINE_SETTINGS[name]
+
+
 class EnginesConfig(BaseModel):
-    """One entry per platform that has settings (``pipelines.platforms.Platform.settings``), named after it:
-    ``engines.spark.master``, ``engines.ray.address``. A platform from outside the project (a
+    """One entry per platform that has settings (``pipelines.platforms.Platform.settings``) and per
+    engine of the data stage (``pipelines.engines``), named after it: ``engines.<name>.<field>``,
+    a platform on an engine reading the engine's entry. A platform from outside the project (a
     plug-in, a test) appears only where set, so configs written without it load without it."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
 
     @model_validator(mode="before")
     @classmethod
-    def _platform_settings(cls, values: Any) -> Any:
+    def _declared_settings(cls, values: Any) -> Any:
         from pipelines import platforms
 
         values = dict(values or {})
         out = {}
         for name, value in values.items():
-            settings = platforms.get(name).settings  # UnknownPlatform names the registered ones
+            settings = settings_model(name)  # UnknownPlatform names the registered ones
             if settings is None:
                 raise ValueError(f"platform {name!r} has no settings")
             try:
@@ -175,18 +203,18 @@ class EnginesConfig(BaseModel):
                 raise ValueError("; ".join(f"engines.{name}.{'.'.join(map(str, e['loc']))}"
                                            f"{_flat_hint(settings, e['loc'])}: {e['msg']}"
                                            for e in err.errors())) from None
-        for name in platforms.default_names():  # the project's own platforms: written out in full;
-            settings = platforms.get(name).settings  # a plug-in's only where set (``of`` has its defaults)
+        # the project's own platforms and the engines: written out in full; a plug-in's only
+        # where set (``of`` has its defaults)
+        for name in (*platforms.default_names(), *ENGINE_SETTINGS):
+            settings = settings_model(name)
             if settings is not None and name not in out:
                 out[name] = settings()
         return out
 
-    def of(self, platform: str) -> Any:
-        """The settings of ``platform`` (its defaults when this config predates the platform)."""
-        from pipelines import platforms
-
-        found = (self.__pydantic_extra__ or {}).get(str(platform))
-        settings = platforms.get(platform).settings
+    def of(self, name: str) -> Any:
+        """The settings of platform or engine ``name`` (its defaults when this config predates it)."""
+        found = (self.__pydantic_extra__ or {}).get(str(name))
+        settings = settings_model(str(name))
         return found if found is not None or settings is None else settings()
 
 
@@ -227,8 +255,8 @@ class ClusterConfig(Section):
     # true: run them so all the same (each result's resources.listening shows what was open)
     allow_unisolated_cells: bool = deployment(False, env="BENCHMARK_ALLOW_UNISOLATED_CELLS")
     # torch.distributed has no authentication: its TCP store and gloo listen on the hosts' interfaces
-    # and any peer that connects takes part. A cell whose ranks talk over a real network (ssh hosts, the
-    # compose stack's spark-worker) is refused unless this states that every machine on that network is
+    # and any peer that connects takes part. A cell whose ranks talk over a real network (ssh hosts, a
+    # worker container of the compose stack) is refused unless this states that every machine on that network is
     # trusted (README "Trusted network"); emulated hosts and one host never leave this machine
     trusted_network: bool = deployment(False, env="BENCHMARK_TRUSTED_NETWORK")
 
@@ -253,9 +281,10 @@ class WhatIfConfig(Section):
     """The cluster and job the what-if model is asked about (``pipelines.whatif``; the report's "Your
     cluster"): ``hosts`` machines of ``workers_per_host`` ranks linked at ``network``, each rank's
     training step ``step_ms`` on the target device for this model and per-rank batch; without it,
-    the step that makes the reference platform (DDP) take ``reference_seconds`` for ``job`` on
-    ``reference_workers`` hosts of one rank (the study's 499 s on 2 GPUs), or with neither, this
-    run's own device. Default: the study's 3 nodes x 1 GPU and its job, at its 499 s."""
+    the step that makes the reference platform (``pipelines.platforms.reference()``) take
+    ``reference_seconds`` for ``job`` on ``reference_workers`` hosts of one rank (the study's 499 s
+    on 2 GPUs), or with neither, this run's own device. Default: the study's 3 nodes x 1 GPU and
+    its job, at its 499 s."""
 
     hosts: int = Field(3, ge=1, le=10_000)
     workers_per_host: int = Field(1, ge=1, le=1024)

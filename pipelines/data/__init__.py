@@ -1,1 +1,2 @@
-"""Data stage: ingest -> validate (Great Expectations) -> preprocess (Spark tokenization)."""
+"""Data stage: ingest -> validate (Great Expectations) -> preprocess (tokenization on the data
+stage's engine: ``pipelines.engines``)."""

@@ -1,9 +1,10 @@
 """Tokenization of review text into model inputs, and reading the token shards back.
 
-``tokenize_frame`` is the pure tokenization function; Spark runs its second half, ``encode_frame``,
-inside ``mapInPandas`` with the tokenizer serialized on the driver (``encoder_json``). The shard layout
-(``tokens/<split>/part-*.parquet`` with ``input_ids``, ``attention_mask``, ``label``) is the
-contract between preprocessing and every training backend.
+``tokenize_frame`` is the pure tokenization function; preprocessing (``pipelines.data.preprocess``)
+runs its second half, ``encode_frame``, on its engine's workers (``mapInPandas``) with the tokenizer
+serialized on the driver (``encoder_json``). The shard layout (``tokens/<split>/part-*.parquet`` with
+``input_ids``, ``attention_mask``, ``label``) is the contract between preprocessing and every
+training backend.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ FEED_COLUMNS = ("row_id", "rank", "position", *TOKEN_COLUMNS)
 
 @lru_cache(maxsize=4)
 def load_tokenizer(source: str):
-    """Fast tokenizer from a hub id or a local folder (cached per process / Spark worker)."""
+    """Fast tokenizer from a hub id or a local folder (cached per process / engine worker)."""
     from transformers import AutoTokenizer
 
     try:
@@ -42,7 +43,7 @@ def encoder_json(source: str, max_seq_len: int, truncation_side: str = "right") 
     max_length=max_seq_len, padding="max_length")``, serialized: its Rust ``tokenizers.Tokenizer``
     (the fast tokenizer's backend, with the overrides transformers applies from tokenizer_config.json)
     with that truncation and padding switched on. ``encode_frame`` needs only the ``tokenizers``
-    package to use it: Spark's Python workers skip importing transformers and torch (~1.8 s each)."""
+    package to use it: the engine's Python workers skip importing transformers and torch (~1.8 s each)."""
     import tokenizers
 
     if truncation_side not in ("right", "left"):

@@ -59,13 +59,13 @@ from pathlib import Path
 from pipelines.cluster import netns, owned
 from pipelines.cluster.processes import free_ports_on, start_session
 from pipelines.config import BenchmarkConfig
+from pipelines.engines import EMBEDDED
 from pipelines.measure.signals import raise_on_sigterm
 from pipelines.runfolder.fileio import atomic_write_json
 from pipelines.runfolder.paths import RunPaths
 from pipelines.runfolder.scratch import check_scratch, make_scratch, remove_scratch
 
 log = logging.getLogger(__name__)
-EMBEDDED = "embedded"
 STARTUP_S = 120.0  # JVM start on a loaded 2-core box
 STOP_S = 20.0
 SWEEP_MIN_AGE_S = 120.0  # a run-owned daemon younger than this may still be being recorded by start()
@@ -370,9 +370,9 @@ def sweep() -> list[int]:
 
 
 class EmbeddedService:
-    """The embedded cluster as the run's standing Spark cluster on this host (``pipelines.run.services``):
-    declared by the Spark platforms, when ``engines.spark.master`` is "embedded"; the data stage
-    uses it too (started at setup), the cells of this host's standing Spark platforms after it."""
+    """The embedded cluster as the run's standing Spark cluster on this host (``pipelines.run.services``),
+    when the engine's ``engines.spark.master`` is "embedded": the data stage uses it (started at
+    setup), then the cells of the platforms that train on this engine and declare it as a service."""
 
     name = "embedded Spark cluster"
 

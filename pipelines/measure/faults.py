@@ -3,7 +3,7 @@
 
 On a cell across two or more hosts, the first attempt loses one host in the middle of epoch
 ``matrix.fault_epoch`` (``matrix.fault_victim``: ``worker`` = the LAST host, ``coordinator`` = the
-first, which holds torchrun's rendezvous store, Ray's head, Spark's master): once rank 0's
+first, which holds the platform's coordinator: its ``Platform.coordinator_note``): once rank 0's
 heartbeat (``attempts.progress``) reaches half of that epoch's steps, every process of the host
 is killed with SIGKILL at once (its cgroups' and namespace's members, repeated until none is left:
 a forking daemon cannot outrun it). The host itself stays (a machine that rebooted).
@@ -14,11 +14,10 @@ again as an operator's supervisor would: the command the platform offered for th
 the survivors grow back to the full world size). A platform that offered none gets nothing
 restarted, and the record says so.
 
-Then the platform has ``matrix.recovery_deadline_s`` to train again by its own means (torchrun's
-``--max-restarts``, elastic or not, Ray Train's ``FailureConfig(max_failures)``, Spark's
-``spark.task.maxFailures``: all from ``matrix.platform_retries``): training again = a new start of
-the workers noted in ``<cell>/world_sizes.json`` (``pipelines.training.checkpoint``), or the
-launch finishing. If the launch fails first, or nothing trains at the deadline (then every
+Then the platform has ``matrix.recovery_deadline_s`` to train again by its own means (its retry
+setting, ``Platform.retries_note``, e.g. torchrun's ``--max-restarts``, elastic or not: all from
+``matrix.platform_retries``): training again = a new start of the workers noted in
+``<cell>/world_sizes.json`` (``pipelines.training.checkpoint``), or the launch finishing. If the launch fails first, or nothing trains at the deadline (then every
 process of the cell's hosts is stopped, so nothing hangs), the attempt fails with the reason, and
 the project's retry (``matrix.cell_retries``: a new attempt on every host, resuming from the last
 checkpoint) may recover it. ``<cell>/fault.json`` records the loss (and the return);
@@ -36,6 +35,7 @@ import threading
 import time
 from collections.abc import Iterator
 
+from pipelines import platforms
 from pipelines.cluster.processes import Tee, sigkill, stop_tree
 from pipelines.measure import attempts
 from pipelines.runfolder.fileio import atomic_write_json, read_json_list
@@ -52,7 +52,7 @@ _RESTARTS: dict[tuple[str, str], tuple[list[str], dict, object, float]] = {}
 def offer_restart(cell: CellPaths, host, cmd: list[str], env, log_path, grace_s: float = RETURNED_GRACE_S) -> None:
     """A platform's launch: ``cmd`` is what ``host`` runs again when it comes back (host_return);
     ``grace_s``: how long it may take to leave by itself once the launch ended (0: an agent that
-    never does, e.g. a Ray node, stopped at once)."""
+    never does, e.g. a cluster node started with ``--block``, stopped at once)."""
     _RESTARTS[(str(cell.root), host.name)] = (list(cmd), dict(env), log_path, grace_s)
 
 
@@ -64,6 +64,12 @@ def withdraw_restarts(cell: CellPaths) -> None:
 
 class RecoveryTimeout(RuntimeError):
     """The platform did not recover a lost host within the recovery deadline."""
+
+
+def _who_restarts() -> str:
+    """`` (<agents> do here)``: what the platforms that offer one start again (``Platform.return_agent``)."""
+    agents = list(dict.fromkeys(p.return_agent for p in platforms.all_platforms() if p.return_agent))
+    return f" ({' and '.join(agents)} do here)" if agents else ""
 
 
 def fault_file(cell: CellPaths):
@@ -182,8 +188,8 @@ class HostLoss:
         now = time.time()
         fields = {"returned_at": now, "return_after_s": self.return_after_s}
         if offered is None:
-            why = (f"{self.platform} offered no agent to start again on {self.victim.name} (elastic torchrun "
-                   "and Ray's nodes do here): nothing was restarted")
+            why = (f"{self.platform} offered no agent to start again on {self.victim.name}{_who_restarts()}: "
+                   "nothing was restarted")
             log.warning("fault host_return: %s", why)
             _update(self.cell, {**fields, "restarted": None, "not_restarted": why})
             return

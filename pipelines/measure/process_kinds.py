@@ -40,8 +40,9 @@ def rank_pids(cell_dir) -> set[int]:
 
 def process_kind(name: str, cmdline: list[str]) -> str:
     """What a platform process is, from its name and command line: a platform's driver process,
-    a Spark JVM by its main class, else the first platform rule that matches (``Platform.process_kinds``: a marker found
-    in the command line, or "=name" for the process's own name), else python or its name."""
+    a JVM by its main class (``_JVM_ROLES``: a standalone cluster's master, worker, executor), else
+    the first platform rule that matches (``Platform.process_kinds``: a marker found in the command
+    line, or "=name" for the process's own name), else python or its name."""
     from pipelines import platforms
 
     text, first = " ".join(cmdline), Path(cmdline[0]).name if cmdline else ""

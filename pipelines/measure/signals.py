@@ -1,19 +1,19 @@
 """SIGTERM / SIGINT end a training cell cleanly: its whole process tree goes, then it fails.
 
 ``timeout``, systemd, Kubernetes and Airflow stop a task with SIGTERM (Ctrl-C is SIGINT). The
-launchers start process trees of their own (torchrun and its ranks, Spark's JVM and Python
-workers, Determined's trial processes); left alone they would keep training and writing
+launchers start process trees of their own (torchrun and its ranks, a platform's JVM, agents,
+Python workers or trial processes); left alone they would keep training and writing
 checkpoints into the cell folder after the task is gone. While a cell trains,
 ``terminate_tree_on_signal`` turns either signal into: terminate every descendant process
 (SIGTERM, then SIGKILL after ``GRACE_S``), then raise ``CellTerminated`` in the training
 thread, so the cell's result is written as failed with the signal's name and its MLflow run
 ends FAILED (both handle any exception on the way out).
 
-For launchers that install handlers of their own (``ray.init`` replaces SIGTERM's with one
-that exits at once), ``RaiseOnceHandlers`` saves and restores the project's and, meanwhile,
-only raises ``CellTerminated`` (once, remembered if the library swallows it); ``cause_of``
-finds that exception behind the library's wrapping; ``stop_leftovers`` waits for a stopped
-cluster's processes, then SIGKILLs the rest.
+For launchers that install handlers of their own (a platform's client library may replace
+SIGTERM's with one that exits at once: see its package), ``RaiseOnceHandlers`` saves and restores
+the project's and, meanwhile, only raises ``CellTerminated`` (once, remembered if the library
+swallows it); ``cause_of`` finds that exception behind the library's wrapping; ``stop_leftovers``
+waits for a stopped cluster's processes, then SIGKILLs the rest.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def terminate_descendants(grace: float = GRACE_S) -> list[int]:
 
 
 def stop_leftovers(processes: list, grace_s: float = GRACE_S, owner: str = "cell") -> list:
-    """After a platform shut its processes down (e.g. ``ray.shutdown()``): give them ``grace_s``
+    """After a platform shut its processes down (its own shutdown call): give them ``grace_s``
     to exit (workers may notice their daemon is gone only by polling, seconds on a loaded
     host), then SIGKILL the rest, so none outlives its cell. Returns those that were killed."""
     alive = kill_after(processes, grace_s, 5.0)
@@ -61,7 +61,7 @@ def stop_leftovers(processes: list, grace_s: float = GRACE_S, owner: str = "cell
 
 def cause_of(err: BaseException | None) -> CellTerminated | None:
     """The ``CellTerminated`` behind ``err`` (itself, or in its chain of causes / contexts): a
-    library may wrap what a signal handler raised (Ray's C++ core makes it a ``SystemError``)."""
+    library may wrap what a signal handler raised (a native core may make it a ``SystemError``)."""
     seen: set[int] = set()
     while err is not None and id(err) not in seen:
         if isinstance(err, CellTerminated):
@@ -112,7 +112,7 @@ class RaiseOnceHandlers:
 @contextlib.contextmanager
 def raise_on_sigterm() -> Iterator[None]:
     """Within the block, SIGTERM raises ``CellTerminated`` (as Ctrl-C raises KeyboardInterrupt),
-    so ``finally`` clean-up runs (e.g. stopping the run's embedded Spark cluster); main thread only."""
+    so ``finally`` clean-up runs (e.g. stopping a cluster the run started); main thread only."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -132,7 +132,7 @@ def end_tree_on_signal() -> None:
     """For a process whose whole job is its process tree (a cell's driver process,
     ``pipelines.platforms.driver``): SIGTERM/SIGINT terminate every descendant (SIGTERM, SIGKILL
     after ``GRACE_S``), then the process exits with 128 + the signal at once. No exception is
-    raised, so no library can swallow it (Ray's ``ray.get`` does). Its runner records the failure."""
+    raised, so no library can swallow it (a blocking client call may). Its runner records the failure."""
 
     def handler(signum, frame):
         for s in SIGNALS:

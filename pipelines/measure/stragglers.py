@@ -2,7 +2,7 @@
 
 A synchronous platform waits for its slowest rank at every collective; this measures what one slow
 host costs each platform and strategy. The victim is the cell's LAST host (``fault_victim=worker``,
-the default) or its first (``coordinator``: torchrun's store, Ray's head, Spark's master), slowed
+the default) or its first (``coordinator``: the platform's, ``Platform.coordinator_note``), slowed
 from before the launch to after it, in every attempt (``matrix.fault_epoch`` plays no part: the
 whole cell is slow), and restored right after, so the next cell finds a healthy cluster:
 
@@ -26,7 +26,7 @@ import json
 import logging
 from collections.abc import Iterator
 
-from pipelines.cluster.emulated import CONTROLLERS
+from pipelines.cluster.leftovers import CONTROLLERS
 from pipelines.config.links import MIN_RATE, NetworkSpec
 from pipelines.runfolder.fileio import atomic_write_json
 from pipelines.runfolder.paths import CellPaths

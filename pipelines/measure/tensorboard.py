@@ -1,7 +1,7 @@
 """TensorBoard event files for every cell: ``cells/<cell>/tensorboard/``.
 
 Written from the cell's finished ``CellResult`` by the adapter (``TrainingBackend.run``), after
-the timed window, so every backend (torchrun, Spark, Determined, Ray) writes the same scalars
+the timed window, so every backend (torchrun's and every platform's) writes the same scalars
 the same way and no rank's training loop pays for it. MLflow logs the folder as the cell run's
 ``tensorboard`` artifact. Browse a whole run with
 

@@ -105,6 +105,22 @@ class Platform:
     # the report's "Losing a host" section names them ("": nothing to say)
     coordinator_note: str = ""
     retries_note: str = ""
+    # (regex, format): where the platform's launcher put a rank, read from the rank's working
+    # directory; the regex's groups fill the format, appended to the rank's placement in the result
+    # (pipelines.training.distributed.placement). (): nothing to add
+    workdir_placement: tuple[str, str] = ()
+    # fault=host_return: what the platform starts again on a host that comes back (the command its
+    # launch offers pipelines.measure.faults), in words, e.g. "elastic torchrun" ("": nothing)
+    return_agent: str = ""
+    # profile -> {field: value} of its engines.<name> entry that the profile sets (pipelines.config.profiles):
+    # e.g. the nightly's cluster master; the registry's platforms give theirs, a profile names none
+    profile_settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # what strategies it cannot run, in words, for the trigger form's help (e.g. "comm hooks, local SGD,
+    # FSDP"; "": it runs every one); its adapter's strategy_refusal is what refuses them
+    strategy_note: str = ""
+    # what the report's prediction on the study's cluster (pipelines.report.whatif) leaves out of this
+    # platform beyond the shared training loop, in words ("": nothing to say)
+    prediction_note: str = ""
     package: str = ""  # the module that declared it (set by register): workers import it by name
 
     def __post_init__(self) -> None:

@@ -69,6 +69,19 @@ class UnsupportedStrategy(ValueError):
     """A training strategy this backend cannot run (or that does not apply at this worker count)."""
 
 
+def pipeline_refusal(cell_config: BenchmarkConfig, world_size: int) -> str | None:
+    """Why a pipeline cell (its config: ``for_cell``'s, one strategy) cannot split its model over
+    ``world_size`` workers: its stages against the model's encoder layers (when its config.json is
+    on disk) and its microbatches against the global batch (``TrainingStrategy.pipeline_refusal``)."""
+    strategy = cell_config.strategy()
+    if not strategy.pipeline_microbatches:
+        return None
+    from pipelines.training.model import encoder_layers
+
+    return strategy.pipeline_refusal(world_size, cell_config.training.batch_size * world_size,
+                                     encoder_layers(cell_config.training.model_source))
+
+
 class Host(Protocol):
     """One machine a cell's ranks may run on (``TrainingBackend.launch_on_hosts``): e.g. a host
     of ``pipelines.cluster.EmulatedCluster``; ``run`` starts a process there."""
@@ -110,7 +123,9 @@ class TrainingBackend(ABC):
         any data work: the strategy refusals, plus what a platform adds (e.g. a master it needs)."""
         out = []
         for strategy, workers in cells:
-            reason = self.strategy_refusal(config.strategy(strategy), workers)
+            chosen = config.strategy(strategy)
+            reason = self.strategy_refusal(chosen, workers) or (
+                pipeline_refusal(config.for_cell(workers, 0, strategy), workers) if chosen.pipeline_microbatches else None)
             if reason:
                 out.append(reason)
         return out
@@ -160,6 +175,9 @@ class TrainingBackend(ABC):
         manifest. A strategy this backend cannot run is refused here, before anything starts."""
         cell_config = config.for_cell(world_size, repeat, strategy)
         self.check_strategy(cell_config.strategy(), world_size)
+        reason = pipeline_refusal(cell_config, world_size)
+        if reason:
+            raise UnsupportedStrategy(reason)
         return CellSpec(config=cell_config, run_root=Path(paths.root),
                         cell_dir=cell.root, backend=self.name, world_size=world_size, repeat=repeat,
                         labels=task_labels(read_manifest(paths)), platform_modules=platform_modules(cell_config))
@@ -231,7 +249,7 @@ class TrainingBackend(ABC):
         """Run ``pipelines.training.worker`` (or an equivalent) on spec.world_size processes."""
 
     def drive(self, spec: CellSpec, launch_time: float) -> None:
-        """A platform whose driver is a library call (a SparkSession, ``ray.init``) makes ``launch``
+        """A platform whose driver is a library call (a session object, a cluster client's init) makes ``launch``
         start ``pipelines.platforms.driver`` in its cluster's network namespace; that process calls
         this: the driver's own work."""
         raise NotImplementedError(f"{self.name}: its launch starts its processes itself; no driver process")
@@ -249,7 +267,8 @@ class TrainingBackend(ABC):
 
     def platform_fields(self, spec: CellSpec) -> dict:
         """Backend-specific CellResult fields: ``platform_mode`` (how the platform ran, so a local
-        mode is never read as a cluster's overhead) and e.g. how Spark's session was started."""
+        mode is never read as a cluster's overhead) and e.g. how its driver session was started
+        (``platform_session``)."""
         return {}
 
 

@@ -2,24 +2,27 @@
 
     python -m pipelines.run.driver --cell-dir <cell> --launch-time <s> --adapter <module:Class>
 
-Spark's and Ray's drivers (a SparkSession with its JVM; ``ray.init`` and ``TorchTrainer``) run in
-the process that calls them and reach their cluster over loopback, while the cluster and what it
-starts (executors, torchrun's store, Ray's GCS, raylet and workers) listen on every interface unless
-they live in a loopback-only network namespace (``pipelines.cluster.netns``); the driver must then
-live there too. So the adapter's ``launch`` starts that process (``launch`` here) in:
+Some platforms' drivers (a library's session object with its JVM, a cluster client's ``init`` and
+its trainer) run in the process that calls them and reach their cluster over loopback, while the
+cluster and what it starts (executors, torchrun's store, a head node's control services and its
+workers) listen on every interface unless they live in a loopback-only network namespace
+(``pipelines.cluster.netns``); the driver must then live there too. So the adapter's ``launch``
+starts that process (``launch`` here) in:
 
-- the run's namespace, when the cell uses a cluster the run keeps standing on this host (the
-  embedded Spark cluster, the standing Ray head: each records where it runs);
-- a namespace of the cell's own, when the cluster is the cell's (a per-job cluster, Spark's local
-  mode): held open from the driver's start (``netns.pin``), so that after the driver exits whatever
+- the run's namespace, when the cell uses a cluster the run keeps standing on this host (an
+  embedded or standing cluster of the platform: each records where it runs);
+- a namespace of the cell's own, when the cluster is the cell's (a per-job cluster, a platform's
+  local mode): held open from the driver's start (``netns.pin``), so that after the driver exits whatever
   it left there is proved to be the cell's, and stopped;
-- this host's, when the cluster is someone else's, reached over the network (a ``spark://`` URL,
-  ``engines.ray.address``).
+- this host's, when the cluster is someone else's, reached over the network (a cluster URL or
+  address in the platform's settings).
+
+Which of these a platform's cells use is said in its package (``pipelines/platforms/<name>/``).
 
 That process (``pipelines.run.driver``) reads the cell's spec and calls ``drive(spec, launch_time)`` of the runner's adapter
 class (``--adapter module:Class``: the platform's, or a subclass of it); its output
 is teed to the cell's log. A fresh driver process per cell is also how teams submit a job
-(spark-submit, a Ray job's entrypoint), and every runner (CLI, DAG task, bench) pays the same
+(a cluster's submit command, a job's entrypoint script), and every runner (CLI, DAG task, bench) pays the same
 start-up inside the cell's window. A signal to the cell's runner stops the driver's tree
 (``run_to_end``); a SIGKILLed runner takes it down through ``PR_SET_PDEATHSIG``.
 """

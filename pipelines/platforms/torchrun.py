@@ -1,12 +1,12 @@
 """Launching the shared worker with torchrun: what every torchrun-based platform uses.
 
-The DDP backend (``pipelines.training.worker``) and the Determined backend (its trial module
-under ``det.pytorch.Trainer``) start their ranks the same way, so both see identical start-up.
+The platforms whose ranks torchrun starts (the shared worker, ``pipelines.training.worker``, or a
+platform's own training module) start them the same way, so all see identical start-up.
 The command and environment are built by pure functions (``torchrun_command`` from explicit
 values, ``worker_command`` for a cell, ``launch_env``) and executed second by ``execute``, which
 tees the output to the cell's log and raises with its tail when torchrun exits non-zero. Which
-nodes a launch spans is the caller's (the DDP adapter: its ``engines.ddp`` settings; Determined:
-the same, read in its adapter); nothing here reads a platform's settings.
+nodes a launch spans is the caller's (an adapter, from its ``engines.<name>`` settings); nothing
+here reads a platform's settings.
 
 One node (default): ``--standalone --nproc-per-node <workers>``. Several nodes (``nnodes`` > 1):
 torchrun's *static* rendezvous at ``rdzv_endpoint``, so global rank = node_rank *
@@ -17,8 +17,8 @@ Several hosts driven from here (``TrainingBackend.launch_on_hosts``, e.g. the ho
 (node rank = host index, the static rendezvous on host 0), ``host_placements`` says which host
 each global rank runs on, ``host_env`` pins gloo to the hosts' interface, and
 ``execute_on_hosts`` starts them all, tees each node's output to its own log and takes the
-others down when one fails. Elastic (``elastic_host_commands``, the DDP platform's
-``engines.ddp.elastic``): ``--nnodes MIN:MAX`` with torchrun's c10d rendezvous (its store on host
+others down when one fails. Elastic (``elastic_host_commands``, where a platform's
+settings ask for it): ``--nnodes MIN:MAX`` with torchrun's c10d rendezvous (its store on host
 0), so the surviving agents restart their workers at a smaller world size when a node is lost and
 at the full size when it comes back; ``execute_on_hosts(elastic=True)`` lets the survivors finish. Starting, stopping and teeing processes, and free ports, are
 ``pipelines.cluster.processes``'.
@@ -107,7 +107,7 @@ def elastic_torchrun_args(nproc_per_node: int, *, min_nodes: int, max_nodes: int
     rendezvous orders the nodes, so rank 0 may run on any of them. ``local_addr``: the address
     the other nodes reach this one at (the workers' store is on rank 0's node)."""
     if not 1 <= min_nodes <= max_nodes:
-        raise ValueError(f"engines.ddp.elastic_min_nodes={min_nodes} must be between 1 and the nodes ({max_nodes})")
+        raise ValueError(f"elastic_min_nodes={min_nodes} must be between 1 and the nodes ({max_nodes})")
     if not rdzv_endpoint:
         raise ValueError("an elastic torchrun needs rdzv_endpoint=host:port (the c10d store's node)")
     conf = (f"join_timeout={ELASTIC_JOIN_TIMEOUT_S},last_call_timeout={ELASTIC_LAST_CALL_S},close_timeout=10,"
@@ -156,8 +156,8 @@ def launch_env(config: BenchmarkConfig, base: Mapping[str, str], local_processes
 
 def isolated(cmd: list[str]) -> list[str]:
     """``cmd`` in a loopback-only network namespace of its own (``pipelines.cluster.netns.own``),
-    where possible: a one-node torchrun's rendezvous store listens on every interface, Determined's
-    local mode on ``tcp://*:12360`` / ``12365``; in the namespace nothing outside the cell reaches them."""
+    where possible: a one-node torchrun's rendezvous store listens on every interface, and so may what
+    a platform's training module starts (see its package); in the namespace nothing outside the cell reaches them."""
     return [*netns.own("the cell's torchrun").prefix, *cmd]
 
 

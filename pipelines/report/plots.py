@@ -1,5 +1,6 @@
 """The report's PNG plots (matplotlib's Agg backend: files only, no display): the verdict's chart
-(each platform's total time by phase, per worker count), time and scaling efficiency vs workers, accuracy per epoch, overhead vs DDP, where each cell's time goes, and
+(each platform's total time by phase, per worker count), time and scaling efficiency vs workers, accuracy per epoch,
+overhead vs the reference platform, where each cell's time goes, and
 (runs across hosts) communication and epoch time vs the links' bandwidth."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import Any
 from pipelines import platforms
 from pipelines.runfolder.paths import DEFAULT_NETWORK, DEFAULT_STRATEGY
 from pipelines.report.network import bandwidth, format_bandwidth
-from pipelines.report.tables import PHASE_ORDER, backend_colour
+from pipelines.report.tables import PHASE_ORDER, backend_colour, reference_label
 from pipelines.runfolder.results import CellResult
 from pipelines.runfolder.summary import Aggregate, RunSummary
 
@@ -38,7 +39,7 @@ def _plain(value: Any) -> str:
 
 
 def _by_backend(summary: RunSummary) -> dict[str, list[Aggregate]]:
-    """Label -> aggregates of one platform: "ddp", or "ddp 100mbit" when the run has networks."""
+    """Label -> aggregates of one platform: its name, or "<name> 100mbit" when the run has networks."""
     several = len({a.network for a in summary.aggregates}) > 1
     out: dict[str, list[Aggregate]] = {}
     for a in summary.aggregates:
@@ -171,12 +172,13 @@ def plot_overhead(summary: RunSummary, path: Path) -> Path:
     workers = sorted({a.workers for a in summary.aggregates})
     width = 0.8 / max(len(others), 1)
     for i, label in enumerate(others):
-        vals = {a.workers: a.overhead_vs_ddp_total for a in groups[label]}
+        vals = {a.workers: a.overhead_vs_reference_total for a in groups[label]}
         xs = [w for w in workers if vals.get(w) is not None]
         ax.bar([w + (i - (len(others) - 1) / 2) * width for w in xs], [vals[w] * 100 for w in xs],
                width=width, label=label, **_colour(_label_backend(label)))
     ax.axhline(0, color="black", linewidth=0.8)
-    ax.set(xlabel="workers", ylabel="% slower than DDP (median total time)", title="Overhead vs plain DDP")
+    reference = _plain(reference_label())
+    ax.set(xlabel="workers", ylabel=f"% slower than {reference} (median total time)", title=f"Overhead vs {reference}")
     ax.set_xticks(workers)
     _legend_or_note(ax)
     return _save(plt, fig, path)

@@ -18,7 +18,7 @@ from pipelines.runfolder.summary import Aggregate, Job, Projection, RunSummary
 FIXED_PERCENT = 5  # pipelines.evaluation.projection.FIXED_SHARE, as the report says it
 
 PROJECTION_COLUMNS = ["platform", "workers", "fixed s", "epoch s: first / steady", "ms per review-epoch",
-                      "projected total s (95 %)", "vs ddp (projected)", "fixed share", "fixed under 5 % from"]
+                      "projected total s (95 %)", "vs reference (projected)", "fixed share", "fixed under 5 % from"]
 
 
 def job_text(job: Job) -> str:
@@ -55,16 +55,16 @@ def fixed_range(aggs: list[Aggregate]) -> tuple[Aggregate, Aggregate] | None:
 
 def projection_rows(summary: RunSummary) -> list[list[str]]:
     """Per aggregate: fixed, first / steady-state epoch, per review-epoch, the projected total,
-    its overhead over DDP's projected total, the fixed share and where it falls under 5 %."""
+    its overhead over the reference platform's projected total, the fixed share and where it falls under 5 %."""
     reference = platforms.reference()
-    ddp = {(a.network, a.workers): a.projection for a in summary.aggregates
-           if a.backend == reference and a.projection is not None}
+    bases = {(a.network, a.workers): a.projection for a in summary.aggregates
+             if a.backend == reference and a.projection is not None}
     rows = []
     for a in summary.aggregates:
         p = a.projection
         if p is None:
             continue
-        base = ddp.get((a.network, a.workers))
+        base = bases.get((a.network, a.workers))
         versus = None if base is None or not base.total_seconds else p.total_seconds / base.total_seconds - 1
         workers = str(a.workers) if not networked(summary) else f"{a.workers} ({a.network})"
         rows.append([

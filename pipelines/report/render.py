@@ -25,7 +25,7 @@ from pipelines.report.what_it_takes import what_it_takes_markdown
 from pipelines.report.study import _study_lines
 from pipelines.report.whatif import WhatIfSections, whatif_sections
 from pipelines.report.tables import (_code, _md_table, _phase_lines, _strategy_lines, _text,
-                                     comparison_tables, platform_view)
+                                     comparison_tables, platform_view, reference_label)
 from pipelines.report.verdict import CHART as VERDICT_CHART
 from pipelines.report.verdict import VERDICT_FILE, Verdict, build_verdict, read_regression, write_verdict
 from pipelines.runfolder.results import CellResult
@@ -33,11 +33,11 @@ from pipelines.runfolder.summary import RunSummary, read_summary
 
 log = logging.getLogger(__package__)  # "pipelines.report", as before the split
 
-COMPARISON_NOTE = (
+COMPARISON_NOTE = (  # {reference}: the reference platform's label
     "Times are medians over repeats; each cell's times are summed over its attempts, and its timed "
     "window never overlapped another timed cell on the host. Scaling efficiency is t(1)/(N*t(N)) on "
-    "training time. Overhead is relative to plain DDP at the same worker count. Time to target: "
-    "training-phase time (no evaluation, no checkpoints) until the first epoch at or above the target "
+    "training time. Overhead is relative to the reference platform, {reference}, at the same worker count. "
+    "Time to target: training-phase time (no evaluation, no checkpoints) until the first epoch at or above the target "
     "accuracy on the validation split (repeats that reached it in brackets); test accuracy is "
     "measured once, after training. 'resumed': repeats that needed more than one attempt. Cost: priced "
     "from the price sheet (see 'What each platform costs'; n/a where the cell's use was not measured). Peak "
@@ -119,7 +119,7 @@ def _comparison_lines(summary: RunSummary) -> list[str]:
     lines: list[str] = []
     for title, header, rows in comparison_tables(summary):
         lines += [f"### {title}", "", _md_table(header, rows), ""]
-    return lines + [COMPARISON_NOTE]
+    return lines + [COMPARISON_NOTE.format(reference=_text(reference_label()))]
 
 
 def _lists_apart(markdown_text: str) -> str:
@@ -239,7 +239,7 @@ def build_report(config: BenchmarkConfig, paths: RunPaths) -> dict[str, Any]:
         plot_time_vs_workers(summary, paths.plot("time_vs_workers")),
         plot_scaling_efficiency(summary, paths.plot("scaling_efficiency")),
         plot_accuracy_curves(results, config.tracking.target_accuracy, paths.plot("accuracy_curves")),
-        plot_overhead(summary, paths.plot("overhead_vs_ddp")),
+        plot_overhead(summary, paths.plot("overhead_vs_reference")),
         plot_phases(summary, paths.plot("phases")),
         *([plot_network(full, paths.plot("network"))] if has_networks(full) else []),
     ]

@@ -12,10 +12,8 @@ from pipelines.runfolder.paths import DEFAULT_NETWORK, DEFAULT_STRATEGY
 from pipelines.runfolder.summary import Aggregate, RunSummary
 from pipelines.training import phases
 
-# --- what the report says per platform (to move into the platform registry: repoint the three
-# functions below, nothing else reads the dicts) -------------------------------------------------
+# --- what the report says per platform: read from its record (pipelines.platforms) -----------
 
-# over DDP: Determined 1.21x, Spark 2.87x (the study's one Spark figure, beside both Spark data feeds)
 def _platform(backend: Any):
     """The registered platform of a backend name; None for one no longer registered (old runs)."""
     from pipelines import platforms
@@ -30,7 +28,8 @@ def mode_caveat(backend: Any, mode: str | None) -> str | None:
 
 
 def study_overhead(backend: Any) -> float | None:
-    """The published study's overhead over DDP for a platform (0.21 = 21 % slower); None if not studied."""
+    """The published study's overhead over its reference platform for a platform (0.21 = 21 % slower);
+    None if not studied."""
     platform = _platform(backend)
     return platform.study_overhead if platform else None
 
@@ -39,6 +38,15 @@ def backend_colour(backend: Any) -> str | None:
     """The platform's plot colour; None: the plot's own colour cycle."""
     platform = _platform(backend)
     return platform.colour if platform else None
+
+
+def reference_label() -> str:
+    """The reference platform's human name (its record's ``label``, else its name): the report's
+    overheads are measured against it."""
+    from pipelines import platforms
+
+    reference = platforms.get(platforms.reference())
+    return reference.label or reference.name
 
 
 # --- formatting ------------------------------------------------------------------------------
@@ -108,7 +116,7 @@ def _md_table(header: list[str], rows: list[list[Any]]) -> str:
 INTERVAL_COLUMNS = ("total s 95 % CI (n)", "test accuracy 95 % CI")
 TIME_COLUMNS = [
     "backend", "mode", "workers", "repeats ok", "total s (median)", "total s 95 % CI (n)",
-    "training s (median)", "overhead vs ddp (total)", "overhead vs ddp (training)", "resumed",
+    "training s (median)", "overhead vs reference (total)", "overhead vs reference (training)", "resumed",
 ]
 QUALITY_COLUMNS = ["backend", "workers", "test accuracy (median)", "test accuracy 95 % CI",
                    "test F1 (median)", "time to target s"]
@@ -150,8 +158,8 @@ def comparison_values(a: Aggregate) -> dict[str, str]:
         "training s (median)": _fmt(a.training_seconds.median),
         "samples/s (median)": _fmt(a.samples_per_second.median),
         "scaling efficiency": _fmt(a.scaling_efficiency, "ratio"),
-        "overhead vs ddp (total)": _fmt(a.overhead_vs_ddp_total, "pct"),
-        "overhead vs ddp (training)": _fmt(a.overhead_vs_ddp_training, "pct"),
+        "overhead vs reference (total)": _fmt(a.overhead_vs_reference_total, "pct"),
+        "overhead vs reference (training)": _fmt(a.overhead_vs_reference_training, "pct"),
         "resumed": f"{a.resumed_cells}/{a.repeats_ok}",
         "test accuracy (median)": _fmt(a.test_accuracy.median, "acc"),
         "test accuracy 95 % CI": _interval(a.test_accuracy_ci, "acc"),
@@ -240,11 +248,32 @@ def split_table(header: list[str], rows: list[list[str]], *parts: tuple[str, ...
     return lines
 
 
+def splits_model(config: BenchmarkConfig, strategy: str) -> bool:
+    """A strategy that split the model's layers over the ranks (pipeline parallelism)."""
+    chosen = next((s for s in config.matrix.strategies if s.name == strategy), None)
+    if chosen is None:  # not in this config (an older run's): judge by its name
+        return any(part.startswith("pipeline-") for part in strategy.split("+"))
+    return chosen.pipeline_microbatches > 0
+
+
+def model_split_lines(summary: RunSummary, config: BenchmarkConfig) -> list[str]:
+    """Which cells split the model (pipeline parallelism), one line; none: nothing."""
+    cells = sorted({(str(a.backend), a.strategy, a.workers) for a in summary.aggregates
+                    if splits_model(config, a.strategy)})
+    if not cells:
+        return []
+    return ["", "Split the model (pipeline parallelism, `pipeline-<microbatches>`: one stage of the layers per "
+            "worker, GPipe over that many microbatches a batch; comm MB/step = the activations and their "
+            "gradients every stage sent another, no gradient all-reduced): "
+            + ", ".join(f"{_text(b)} {_text(s)} at {n} workers" for b, s, n in cells) + "; every other cell "
+            "holds the whole model on every rank."]
+
+
 def _strategy_lines(summary: RunSummary, config: BenchmarkConfig) -> list[str]:
     lines = split_table(with_network(STRATEGY_COLUMNS, summary), strategy_rows(summary),
                         STRATEGY_COMMUNICATION, STRATEGY_QUALITY)
     lines.append("Each strategy is a cell of its own (pipelines.config.TrainingStrategy): `fp16`/`bf16`/"
-                 "`powersgd-r<k>` are DDP gradient-compression hooks, `localsgd-<n>` averages the parameters "
+                 "`powersgd-r<k>` are DistributedDataParallel gradient-compression hooks, `localsgd-<n>` averages the parameters "
                  "every n steps instead of all-reducing gradients, `fsdp` shards parameters, gradients and "
                  "optimizer state (FSDP2), `weighted_sampler`/`weighted_loss` counter class imbalance. Test "
                  "recall per class is label 0 / 1 / ...; the imbalance strategies should raise the minority "
@@ -257,6 +286,7 @@ def _strategy_lines(summary: RunSummary, config: BenchmarkConfig) -> list[str]:
         lines += ["", "Not applicable (no cell): " + ", ".join(f"{_text(s)} at {n} worker"
                                                                for s, n in skipped)
                   + ": one worker has no one to communicate with."]
+    lines += model_split_lines(summary, config)
     if config.data.class_ratio is not None:
         lines += ["", f"Train sample imbalanced on purpose: class_ratio={_text(config.data.class_ratio)} "
                   "(every label other than 0 has that fraction of label 0's rows); test stays stratified."]
@@ -295,7 +325,7 @@ def _phase_lines(summary: RunSummary) -> list[str]:
             "Phases (seconds, median over repeats; share of their sum): provision (where shown) = the "
             "platform's per-job cluster coming up inside the cell; launch = adapter entry to the first "
             "training step (processes, JVM/executors, platform start-up, data and model loading); data = "
-            "waiting for batches; communication = a gradient all-reduce in flight (DDP hook timer; overlap "
+            "waiting for batches; communication = a gradient all-reduce in flight (DistributedDataParallel comm-hook timer; overlap "
             "with the backward pass counts here) + epoch metrics' all-reduce; compute = the rest of the "
             "training steps; checkpoint = per-epoch checkpoints + model export; evaluation = per-epoch "
             "held-out + final test; teardown = result written to the attempt's end (process exit, session / "

@@ -1,6 +1,7 @@
 """The report's predictions (``pipelines.whatif``): "Your cluster" (``config.tracking.whatif``: the
-cluster, device and job a team states; the study's by default) and the study's own cluster, its DDP
-time given, Determined's and Spark's overheads predicted from this run's measured platform costs.
+cluster, device and job a team states; the study's by default) and the study's own cluster, its
+reference platform's time given, every other platform's overhead predicted from this run's measured
+platform costs.
 Both are labelled as predictions, with their 95 % intervals; a platform is named faster only where
 the intervals separate."""
 
@@ -19,7 +20,7 @@ from pipelines.whatif.answer import COLUMNS, Answer, _row, ask, cluster_text, le
 from pipelines.whatif.model import Model
 from pipelines.whatif.predict import WhatIfError
 
-# The published study's cluster for its DDP figure: 2 GPU hosts of one rank, the IMDB job, 499 s.
+# The published study's cluster for its reference platform's figure: 2 GPU hosts of one rank, the IMDB job, 499 s.
 # Its link is not stated: 10 Gbit/s assumed (the report says so).
 STUDY_TARGET = WhatIfConfig(hosts=2, workers_per_host=1, network="10gbit", reference_seconds=499.0,
                             reference_workers=2, job=ProjectedJob())
@@ -66,8 +67,8 @@ def your_cluster_lines(model: Model, target: WhatIfConfig) -> list[str]:
 
 
 def study_lines(model: Model, network: str) -> list[str]:
-    """The study's cluster (2 hosts, DDP's 499 s given), every platform's predicted total and its
-    overhead over DDP beside the study's."""
+    """The study's cluster (2 hosts, the reference platform's 499 s given), every platform's predicted
+    total and its overhead over the reference beside the study's."""
     reference = platforms.reference()
     target = STUDY_TARGET.model_copy(update={"network": network})
     try:
@@ -83,12 +84,16 @@ def study_lines(model: Model, network: str) -> list[str]:
         over = (f"{(p.total / ref.total - 1) * 100:+.0f} % ({(p.low / ref.total - 1) * 100:+.0f} to "
                 f"{(p.high / ref.total - 1) * 100:+.0f} %)") if p is not ref else "reference (given: 499 s)"
         rows.append([p.key, f"{p.total:,.0f}", over, "n/a" if study is None else f"{study * 100:+.0f} %"])
+    # what each predicted platform's own GPU-side work adds that the prediction leaves out (its record's words)
+    left_out = dict.fromkeys(note for p in answer.predictions
+                             if (platform := platforms.find(p.platform)) and (note := platform.prediction_note))
     return ["", f"**Predicted** on the study's cluster ({_text(cluster_text(answer.target))}; the study states no "
             f"link speed: {network} assumed), {_text(answer.device)}: this run's measured platform costs on a "
             "device as fast as the study's:", "",
-            _md_table(["platform", "predicted total s", "predicted overhead vs ddp (95 %)", "study's overhead"], rows),
-            "", "What the prediction does not hold: each platform's GPU-side work beyond the shared training loop "
-            "(the study's Spark moved data and models through Spark); the fixed costs are this run's CPU hosts'."]
+            _md_table(["platform", "predicted total s", "predicted overhead vs reference (95 %)", "study's overhead"],
+                      rows),
+            "", "What the prediction does not hold: each platform's GPU-side work beyond the shared training loop"
+            + (f" ({_text('; '.join(left_out))})" if left_out else "") + "; the fixed costs are this run's CPU hosts'."]
 
 
 def whatif_sections(config: BenchmarkConfig, paths: RunPaths) -> WhatIfSections | None:

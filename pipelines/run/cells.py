@@ -1,12 +1,12 @@
 """A cell's entry point: ``run_cell`` trains one cell through its platform's adapter.
 
     from pipelines.run.cells import run_cell
-    result = run_cell(config, paths, "ddp", workers=2, repeat=0)
+    result = run_cell(config, paths, platforms.reference(), workers=2, repeat=0)
 
 ``run_cell`` writes ``cells/<backend>[-<strategy>][-<network>]-w<N>-r<repeat>/result.json``; on
 failure it writes a result with ``status="failed"`` and the reason, then re-raises. The adapter
 is the class the platform's declaration names (``pipelines.platforms``), imported when a cell
-runs: heavy libraries (torch, pyspark, determined, ray) are never imported to read the registry.
+runs: heavy libraries (torch, a platform's own library) are never imported to read the registry.
 """
 
 from __future__ import annotations

@@ -1,16 +1,16 @@
 """Command line: the whole benchmark, or one step of it, without Airflow.
 
     python -m pipelines data  --profile smoke --output runs [--set key=value ...]
-    python -m pipelines train --backend ddp --workers 2 --profile smoke --output runs
-    python -m pipelines train --backend ddp --workers 4 --run-dir R --node-rank 1   # 2nd node
+    python -m pipelines train --backend <platform> --workers 2 --profile smoke --output runs
+    python -m pipelines train --backend <platform> --workers 4 --run-dir R --node-rank 1   # 2nd node
     python -m pipelines run   --profile smoke --output runs
     python -m pipelines report runs/<run_id> [--tracking-uri URI]   # re-report from the folder alone
     python -m pipelines whatif runs/<run_id> --hosts 8 --workers-per-host 4 --network 25gbit --step-ms 12
 
-``--output`` is the output root; each invocation works in ``<output>/<run_id>/`` (``--run-id``
+``<platform>``: a registered platform's name (``train --help`` lists them). ``--output`` is the output root; each invocation works in ``<output>/<run_id>/`` (``--run-id``
 names it; default ``<profile>-<UTC timestamp>``). Pass ``--run-dir`` to continue in an existing
 run folder (its config.json wins): a re-run resumes training from the last checkpoints.
-Config overrides: ``--set training.epochs=3 --set 'matrix.backends=["ddp","spark"]'`` (JSON values;
+Config overrides: ``--set training.epochs=3 --set 'matrix.backends=["<platform>","<platform>"]'`` (JSON values;
 the flat names ``epochs``, ``backends`` work too), on top of
 this host's defaults in BENCHMARK_DATASET_SOURCE / _TOKENIZER_SOURCE / _MODEL_SOURCE /
 _OUTPUT_ROOT (set by scripts/airflow_env.sh when ../shared/data exists), as in the DAG.
@@ -64,7 +64,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="one of the run's strategies by name (default, fp16, powersgd-r2, localsgd-4, fsdp, "
                             "weighted_loss, ...; give the list with --set 'strategies=[...]')")
     train.add_argument("--network", help="one of the run's networks (default: its first; cluster runs)")
-    train.add_argument("--node-rank", type=int, help="multi-node ddp: this machine's node rank")
+    train.add_argument("--node-rank", type=int, help="a platform whose cell runs on every node (several nodes): this machine's node rank")
     train.add_argument("--force", action="store_true", help="train the cell again even if it finished")
     run = with_run_options(sub.add_parser("run", help="the whole benchmark: data, every cell, report"))
     run.add_argument("--force", action="store_true",

@@ -6,7 +6,8 @@
     dag_plan.cells_with(run_dir, workers)                # plan_wN: the kwargs of train.wN's instances
     user_defined_macros={"benchmark_alert": dag_plan.benchmark_alert}   # the alert mails' text
 
-``DOC_MD`` is the DAG's page in the Airflow UI. The step order is ``pipelines.run.runner``'s
+``doc_md()`` is the DAG's page in the Airflow UI and ``description()`` its one line, the platforms
+named from the registry. The step order is ``pipelines.run.runner``'s
 (``DATA_STEPS``, ``FINISH_STEPS``) and the clusters' start/stop are ``pipelines.run.stages``'
 functions: the CLI's ``run`` reads the same ones.
 
@@ -19,11 +20,13 @@ from __future__ import annotations
 
 import logging
 import os
+from string import Template
 from typing import Any
 
 from pipelines import platforms
 from pipelines.config import (
-    PROFILES, SET_NULL, BenchmarkConfig, deployment_keys, form_schema, load_config, site_defaults,
+    PROFILES, SET_NULL, BenchmarkConfig, deployment_fields, deployment_keys, form_schema, load_config,
+    site_defaults,
 )
 
 log = logging.getLogger(__name__)
@@ -31,17 +34,16 @@ log = logging.getLogger(__name__)
 POOL = "training_workers"
 CELL_LABEL = ("{{ task.op_kwargs['backend'] }} {{ task.op_kwargs['strategy'] }} {{ task.op_kwargs['network'] }}"
               " x{{ task.op_kwargs['workers'] }} r{{ task.op_kwargs['repeat'] }}")  # a train instance's map index
-MAX_WORKERS = 4  # one train task per worker count 1..MAX_WORKERS (see DOC_MD); raise freely
+MAX_WORKERS = 4  # one train task per worker count 1..MAX_WORKERS (see doc_md()); raise freely
 SLOTS_ENV = "BENCHMARK_TRAINING_SLOTS"  # the pool's size, exported by scripts/airflow_env.sh
 NOT_CONFIG = ("profile", "overrides")  # the form fields that are not one BenchmarkConfig field each
 
-DOC_MD = """
+DOC_MD = Template("""
 ### IMDB distributed-training benchmark
 
-Trains BERT-tiny on IMDB sentiment through **PyTorch DDP** (torchrun), **Spark
-TorchDistributor**, **Determined AI** and **Ray Train** (TorchTrainer; a local Ray cluster per
-cell, or the cluster at `BENCHMARK_RAY_ADDRESS`) at several worker counts, then compares time,
-accuracy, scaling and platform overhead, and logs everything to MLflow.
+Trains BERT-tiny on IMDB sentiment through ${platforms} (each platform's package says how it
+runs) at several worker counts, then compares time, accuracy, scaling and platform overhead, and
+logs everything to MLflow.
 
 ```
 prepare_run -> start_services, start_cluster (setup) -> ingest -> validate_snapshot
@@ -52,14 +54,15 @@ prepare_run -> start_services, start_cluster (setup) -> ingest -> validate_snaps
   -> check_regression
 ```
 
-With `spark_master=embedded` (the nightly and paper profiles) the run starts its own Spark
-standalone cluster (`pipelines.engines.spark_cluster`: master + one 1-core worker per CPU core on
-127.0.0.1) for preprocessing and the spark cells, and the teardown task stops it, also when a
-task failed; with any other master both tasks do nothing. With `cluster.kind=emulated` (the
-`cluster` profile) `start_cluster` builds the run's emulated hosts (`pipelines.cluster.lifecycle`:
-network namespaces with shaped links, one core each, on this machine: the train tasks must run
-on it, as with LocalExecutor) and `stop_cluster` removes them. These four tasks call the
-functions of `pipelines.run.stages` that `python -m pipelines run` starts and stops its clusters with.
+`start_services` starts the services the run's platforms declare (`Platform.services`: a cluster
+a platform keeps standing for its cells on 127.0.0.1, which preprocessing may use too; see each
+platform's package) where the config wants them, and the teardown task `stop_services` stops
+them, also when a task failed; where it wants none both tasks do nothing. With
+`cluster.kind=emulated` (the `cluster` profile) `start_cluster` builds the run's emulated hosts
+(`pipelines.cluster.lifecycle`: network namespaces with shaped links, one core each, on this
+machine: the train tasks must run on it, as with LocalExecutor) and `stop_cluster` removes them.
+These four tasks call the functions of `pipelines.run.stages` that `python -m pipelines run`
+starts and stops its clusters with.
 
 The data steps are `pipelines.run.runner.DATA_STEPS` and the steps after training
 `pipelines.run.runner.FINISH_STEPS`: the same order and failure policy as `python -m pipelines run`
@@ -75,9 +78,8 @@ keeps the profile's value. `overrides` sets any other `BenchmarkConfig` field.
 Fields left empty that the machine must supply (data, tokenizer, model, output folder) come
 from the environment: `BENCHMARK_OUTPUT_ROOT`, `BENCHMARK_DATASET_SOURCE`,
 `BENCHMARK_TOKENIZER_SOURCE`, `BENCHMARK_MODEL_SOURCE` (set by `scripts/airflow_env.sh`); so do
-the engines' addresses (`BENCHMARK_SPARK_MASTER`, `BENCHMARK_DETERMINED_MASTER`,
-`BENCHMARK_RAY_ADDRESS`), which a trigger cannot set. The form, the conf -> config step and the
-cell plan are `pipelines.run.dag_plan`.
+the engines' addresses (${engine_variables}), which a trigger cannot set. The form, the
+conf -> config step and the cell plan are `pipelines.run.dag_plan`.
 
 **Training slots.** The timed part of every cell holds a host-wide lock (pipelines.measure.attempts), so
 two cells are never timed on one host at once, whoever started them. Each `train.wN` task takes
@@ -105,7 +107,39 @@ scheduled on new results: `schedule=[Asset.ref(name="imdb_benchmark_summary")]`.
 Run it without a server:
 `airflow dags test imdb_benchmark -c '{"profile": "smoke"}'` (after
 `source scripts/airflow_env.sh && bash scripts/airflow_setup.sh`).
-"""
+""")  # doc_md() fills it from the registry
+
+
+def _platform_labels() -> list[str]:
+    """The labels of the platforms a run trains by default, one per platform package (its variants and
+    second data feeds are the same platform), in report order."""
+    labels: dict[str, str] = {}
+    for p in platforms.all_platforms():
+        if platforms.is_builtin(p) and p.default:
+            labels.setdefault(p.package, p.label)
+    return list(labels.values())
+
+
+def _and(items: list[str]) -> str:
+    return ", ".join(items[:-1]) + f" and {items[-1]}" if len(items) > 1 else "".join(items)
+
+
+def _strategy_notes() -> str:
+    """What each platform cannot run, from its record (``Platform.strategy_note``), for the form's help."""
+    notes = [f"{p.label}: {p.strategy_note}" for p in platforms.all_platforms() if p.strategy_note]
+    return "; ".join(notes) or "none today"
+
+
+def doc_md() -> str:
+    """The DAG's page (Markdown): ``DOC_MD`` with the registry's platforms and the engines' variables."""
+    variables = [f"`{var}`" for path, var in deployment_fields().items() if path.startswith("engines.") and var]
+    return DOC_MD.substitute(platforms=_and([f"**{label}**" for label in _platform_labels()]),
+                             engine_variables=", ".join(variables))
+
+
+def description() -> str:
+    """The DAG's one line in the Airflow UI."""
+    return f"BERT-tiny on IMDB through {_and(_platform_labels())}; report + MLflow"
 
 
 def _field(key: str, title: str, section: str, description: str = "", **form: Any) -> dict[str, Any]:
@@ -133,8 +167,9 @@ def param_specs() -> dict[str, dict[str, Any]]:
                     "description_md": _profiles_md(), "section": "Profile"},
         "backends": _field("backends", "Backends", "Training matrix", uniqueItems=True,
                            examples=platforms.names(),  # the UI's multi-select
-                           description="Platforms to compare; empty = the profile's (all; smoke leaves out "
-                                       "spark_dataframe, which needs a Spark cluster)."),
+                           description="Platforms to compare; empty = the profile's (all; smoke trains what fits "
+                                       "its minutes on this machine, leaving out "
+                                       f"{_and(sorted(set(platforms.default_names()) - set(platforms.smoke_names())))})."),
         "worker_counts": _field("worker_counts", "Worker counts", "Training matrix",
                                 items={"type": "integer", "minimum": 1, "maximum": MAX_WORKERS},
                                 description=f"World sizes to run as a JSON list, e.g. [1, 2] (each 1..{MAX_WORKERS}); "
@@ -144,10 +179,11 @@ def param_specs() -> dict[str, dict[str, Any]]:
                              description_md="Strategies to compare, each a cell of its own (every backend x "
                                             "strategy x worker count): `default`, `fp16`, `bf16` (GPU only), "
                                             "`powersgd-r<rank>`, `localsgd-<steps>` (local SGD, parameters averaged "
-                                            "every N steps), `fsdp`, `weighted_sampler`, `weighted_loss`; combine "
+                                            "every N steps), `fsdp`, `pipeline-<microbatches>` (the model's layers "
+                                            "split over the workers), `weighted_sampler`, `weighted_loss`; combine "
                                             "with `+` (`fsdp+weighted_loss`). Comm strategies have no 1-worker cell; "
-                                            "a strategy a backend cannot run (Determined: comm hooks, local SGD, "
-                                            "FSDP) is refused before any work. Empty = `default` only."),
+                                            f"a strategy a backend cannot run ({_strategy_notes()}) is refused before "
+                                            "any work. Empty = `default` only."),
         "networks": _field("networks", "Networks", "Training matrix", uniqueItems=True,
                            examples=["unshaped", "10gbit", "1gbit", "100mbit"],
                            description="Links between the emulated hosts (cluster profile), each a cell of its "

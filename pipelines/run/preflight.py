@@ -1,12 +1,13 @@
 """Cheap checks before expensive stages, so a doomed run fails in seconds, not after the data stage.
 
     problems = preflight.problems(config)                 # [] when the run can start
-    preflight.check(config, cells=[("ddp", "default", 2)])  # only the cell a `train` trains
+    preflight.check(config, cells=[(backend, "default", 2)])  # only the cell a `train` trains
 
 Checks: worker counts, what each platform checks for its cells (``TrainingBackend.preflight``:
-the strategies it can run, a Spark master with executors for the dataframe feed), that the tokenizer and the model's config load from their
-sources, that the output root is writable, and that its disk has room for an estimate of what the
-run writes (snapshot, token shards, two checkpoints and a model per cell). Called by the CLI
+the strategies it can run, a cluster with executors for a feed that needs one), that the tokenizer
+and the model's config load from their sources, that the output root is writable, and that its disk
+has room for an estimate of what the run writes (snapshot, token shards, two checkpoints and a model
+per cell). Called by the CLI
 before the data stage and by the DAG's prepare_run before the run folder exists.
 """
 
@@ -110,10 +111,13 @@ def _isolation_problems(config: BenchmarkConfig) -> list[str]:
         why = netns.run_problem()
     if why is None:
         return []
+    from pipelines import platforms
+
+    labels = ", ".join(dict.fromkeys(platforms.get(b).label or str(b) for b in config.matrix.backends))
     return [f"cluster.kind=local: this host cannot give the run's cells and clusters a loopback-only network "
-            f"namespace ({why}); without one, torch's rendezvous store, Ray's GCS and raylet and Determined's "
-            "chief listen on every interface of this host. Run as root, allow user namespaces "
-            "(sysctl kernel.unprivileged_userns_clone=1; in a container, a seccomp profile that allows "
+            f"namespace ({why}); without one, torch's rendezvous store and what the run's platforms ({labels}) "
+            "start (a cluster's control services, a local chief) listen on every interface of this host. Run as "
+            "root, allow user namespaces (sysctl kernel.unprivileged_userns_clone=1; in a container, a seccomp profile that allows "
             "unshare and setns), or set cluster.allow_unisolated_cells=true (BENCHMARK_ALLOW_UNISOLATED_CELLS=1) "
             "to run them exposed"]
 

@@ -3,7 +3,7 @@ stopped by the run, never inside a cell's timed window, and never alive beside a
 
 A service is an object named ``"module:attr"`` in a platform's declaration, with ``name``,
 ``at_setup(config)`` (started by the DAG's ``start_services`` task and the CLI before the data
-stage: the embedded Spark cluster, which the data stage uses too), ``wanted(config)`` (a
+stage: e.g. an engine's embedded cluster, which the data stage uses too), ``wanted(config)`` (a
 standing cell of its platform uses it in this run), ``running(paths)``,
 ``start(paths, config, tied_to_caller)`` and ``stop(paths)``. ``before_cell`` runs under the
 host's timing lock right before each cell's window: it brings up what a standing cell uses (its

@@ -97,8 +97,8 @@ def validate_tokens(run_dir: str) -> dict:
 # --- the run's clusters: the DAG's setup/teardown tasks call these, the CLI through run_clusters ---
 
 def start_services(run_dir: str, tied_to_caller: bool = False) -> dict[str, str | None]:
-    """Start the services the run needs before its data stage (``pipelines.run.services``: the
-    embedded Spark cluster; idempotent); name -> address. ``tied_to_caller``: they end with this process
+    """Start the services the run needs before its data stage (``pipelines.run.services``: e.g. an
+    engine's embedded cluster the data stage uses too; idempotent); name -> address. ``tied_to_caller``: they end with this process
     (the CLI); else they outlive it until stopped."""
     from pipelines.run import services
 
@@ -137,7 +137,7 @@ def run_clusters(run_dir: str) -> Iterator[None]:
     """The CLI's services and clusters for the block: started with the DAG's setup functions (tied
     to this process: a SIGKILLed CLI leaves nothing behind) and stopped with its teardown
     functions, whatever happened, SIGTERM included: the services a cell started on demand (a
-    standing Ray cluster) too."""
+    platform's standing cluster) too."""
     from pipelines.measure.signals import raise_on_sigterm
 
     global _CLI_OWNS_SERVICES
@@ -191,7 +191,7 @@ def train_cell(run_dir: str, backend: str, workers: int, repeat: int = 0,
     A cell that already finished is skipped (its result stands); ``force`` deletes the cell
     folder and trains it from scratch. An unfinished cell resumes from its last checkpoint
     (``run --run-dir``). ``node_rank``: this machine's rank for a platform started on every node
-    (its ``node_rank_setting``: multi-node ddp); every node runs
+    (its ``node_rank_setting``, e.g. a torchrun on several nodes); every node runs
     the same cell.
     """
     config, paths = _load(run_dir)

@@ -91,8 +91,8 @@ def _median(stat: Any) -> Any:
 
 
 def _cell_key(name: str) -> str:
-    """Repeat-level cell name (ddp-w2-r0, ddp-100mbit-w2-r0) -> its aggregate key (ddp-w2,
-    ddp-100mbit-w2): the trend key, which names the network only when it is not "local"."""
+    """Repeat-level cell name (<backend>-w2-r0, <backend>-100mbit-w2-r0) -> its aggregate key
+    (<backend>-w2, <backend>-100mbit-w2): the trend key, which names the network only when it is not "local"."""
     return re.sub(r"-r\d+$", "", name)
 
 
@@ -135,7 +135,7 @@ def _aggregate(agg: dict[str, Any]) -> dict[str, Any]:
         "training_seconds": _median(agg.get("training_seconds")),
         "startup_seconds": _median(agg.get("startup_seconds")),
         "samples_per_second": _median(agg.get("samples_per_second")),
-        "overhead_vs_ddp_total": agg.get("overhead_vs_ddp_total"),
+        "overhead_vs_reference_total": agg.get("overhead_vs_reference_total"),  # RunSummary reads the older name
         "test_accuracy": _median(agg.get("test_accuracy")),
         "test_f1": _median(agg.get("test_f1")),
         "repeats_ok": agg.get("repeats_ok"), "repeats": agg.get("repeats"),

@@ -8,7 +8,7 @@ A retry, a resume or a re-report needs nothing but this folder. ``RunPaths`` (th
     airflow.json                                  the Airflow DAG run (dag_id, run_id, started)
     snapshot/{train,test}.parquet, manifest.json  ingest
     validation/<stage>_<split>.json, <stage>_summary.json, data_docs/   Great Expectations
-    tokens/{train,test}/part-*.parquet            Spark tokenization
+    tokens/{train,test}/part-*.parquet            the data stage's tokenization (pipelines.data.preprocess)
     cells/<backend>[-<strategy>]-w<N>-r<repeat>/  one training cell (see CellPaths)
     report/summary.json, report.{html,md}, *.png, regression.json       evaluation + report
 
@@ -44,8 +44,8 @@ DEFAULT_NETWORK = "local"  # a cell on this one host (pipelines.config: matrix.n
 
 def cell_name(backend: str, workers: int, repeat: int, strategy: str = DEFAULT_STRATEGY,
               network: str = DEFAULT_NETWORK) -> str:
-    """``ddp-w2-r0`` (default strategy, on this host), ``ddp-powersgd-r2-w2-r0`` or
-    ``ddp-powersgd-r2-100mbit-w2-r0`` (across hosts linked at 100 Mbit/s): the folder name, MLflow
+    """``<backend>-w2-r0`` (default strategy, on this host), ``<backend>-powersgd-r2-w2-r0`` or
+    ``<backend>-powersgd-r2-100mbit-w2-r0`` (across hosts linked at 100 Mbit/s): the folder name, MLflow
     run name and report key of one cell."""
     middle = "" if strategy in (None, DEFAULT_STRATEGY) else f"-{strategy}"
     middle += "" if network in (None, DEFAULT_NETWORK) else f"-{network}"

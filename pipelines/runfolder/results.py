@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 
 from pipelines.runfolder.fileio import atomic_write_text
@@ -100,7 +100,7 @@ class ResourceUsage(BaseModel):
     last attempt, sampled every ``interval_s``; the timeline is in ``<cell>/resources.json``.
 
     Ranks = the processes that wrote ``<cell>/ranks/rank-<k>.pid``; platform = every other process
-    of the cell (launcher, JVMs, Ray daemons, the driver), by kind in ``platform_processes``. CPU =
+    of the cell (launcher, JVMs, the platform's daemons, the driver), by kind in ``platform_processes``. CPU =
     user + system from /proc (locally, a process's CPU after its last sample is missed); RSS sums
     count pages shared between processes in each; on emulated hosts the cgroups count everything."""
 
@@ -183,9 +183,11 @@ class CellResult(BaseModel):
     sync_every: int = 1
     sharding: str = "ddp"
     imbalance: str = "none"
+    pipeline_microbatches: int = 0  # > 0: the cell split the model's layers over its ranks (pipeline)
     # payload this rank handed to gradient / parameter collectives per optimizer step, averaged
     # over training (comm hook buckets after compression, local SGD's parameter averaging);
     # None where not measured (one worker, FSDP). Wire bytes of a ring all-reduce are ~2(W-1)/W of it.
+    # A pipeline: every byte its stages sent each other per step (activations, their gradients), all ranks.
     comm_bytes_per_step: float | None = None
     steps_per_epoch: int = 0  # optimizer steps per epoch on each rank
     # where the cell ran (pipelines.cluster): "local" (this host) or "emulated" / "ssh" hosts, and
@@ -238,7 +240,10 @@ class CellResult(BaseModel):
     timed_window: TimedWindow | None = None
     devices: list[str] = Field(default_factory=list)  # per rank: "cpu:cores 0" or "cuda:0"
     placements: list[str] = Field(default_factory=list)  # per rank: host [+ " executor <app>/<id>"]
-    spark_session: str | None = None  # spark: "fresh" (started for this cell, stopped after it)
+    # how the platform's driver session (a library's session object, where its adapter has one) was
+    # started: "fresh" (started for this cell, stopped after it); None: it has none. Results written
+    # before the field was neutral call it spark_session
+    platform_session: str | None = Field(None, validation_alias=AliasChoices("platform_session", "spark_session"))
     # how the platform ran (TrainingBackend.platform_fields): ddp "torchrun" / "torchrun-<k>-nodes";
     # spark "local" (torchrun on the driver) / "cluster" (barrier tasks on executors);
     # determined "local" (Trainer in-process) / "master" (experiment on a Determined master)

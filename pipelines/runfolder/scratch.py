@@ -1,14 +1,14 @@
-"""Private scratch folders for the engines that want a short local path (Ray's session and
-Unix sockets, Spark's work and local dirs): never a predictable name in ``/tmp``.
+"""Private scratch folders for the engines that want a short local path (a platform's session
+folder and Unix sockets, an engine's work and local dirs): never a predictable name in ``/tmp``.
 
-``make_scratch("ray")`` creates ``/tmp/bm-ray-<random>`` with ``mkdtemp``: mode 0700, made by
-this call (so never one planted beforehand, nor a link), short enough for a Unix socket path
+``make_scratch("<purpose>")`` creates ``/tmp/bm-<purpose>-<random>`` with ``mkdtemp``: mode 0700,
+made by this call (so never one planted beforehand, nor a link), short enough for a Unix socket path
 (108 bytes) several levels below it. Whoever reuses a recorded scratch path (a standing cluster's
 stop, a later task of the run) checks it with ``check_scratch`` first: a folder of this user
 that no one else can enter, not a link.
 
-    scratch = make_scratch("ray")            # record str(scratch) in the run folder
-    ray.init(_temp_dir=str(check_scratch(scratch)))
+    scratch = make_scratch("cluster")        # record str(scratch) in the run folder
+    start_the_cluster(temp_dir=str(check_scratch(scratch)))  # e.g. a platform's session folder
 """
 
 from __future__ import annotations

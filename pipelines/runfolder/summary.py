@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 
 from pipelines.runfolder.fileio import atomic_write_text
@@ -173,8 +173,12 @@ class Aggregate(BaseModel):
     platform_peak_rss_mb_max: float | None = None  # every other process of the cell
     speedup: float | None = None  # t(1 worker) / t(N) on training time
     scaling_efficiency: float | None = None  # t(1) / (N * t(N))
-    overhead_vs_ddp_total: float | None = None  # (t - t_ddp) / t_ddp at the same worker count
-    overhead_vs_ddp_training: float | None = None
+    # (t - t_ref) / t_ref against the reference platform (``platforms.reference()``) at the same worker
+    # count; summaries written before the reference was a registry entry call them overhead_vs_ddp_*
+    overhead_vs_reference_total: float | None = Field(
+        None, validation_alias=AliasChoices("overhead_vs_reference_total", "overhead_vs_ddp_total"))
+    overhead_vs_reference_training: float | None = Field(
+        None, validation_alias=AliasChoices("overhead_vs_reference_training", "overhead_vs_ddp_training"))
     phases: dict[str, float] = Field(default_factory=dict)  # per phase, median over the repeats
     # fixed versus per-epoch: medians over the repeats of the cells' (CellRow), and the total they
     # project for the summary's job

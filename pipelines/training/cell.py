@@ -1,8 +1,9 @@
 """The contract between a backend adapter (the driver) and the workers it launches.
 
 The adapter writes ``CellSpec`` to ``<cell>/cell.json`` before launching; every rank reads it
-(launchers pass only the cell folder, a string, so the same call goes through torchrun,
-Spark's cloudpickle, Determined and Ray alike); rank 0 writes its ``CellResult`` to
+(launchers pass only the cell folder, a string, so the same call goes through every launcher
+alike: a command line, a function pickled to a platform's workers, a platform's own trial); rank 0
+writes its ``CellResult`` to
 ``<cell>/worker_result.json``, which the adapter reads back and completes into
 ``<cell>/result.json``. Both ``pipelines.run.cells`` and ``pipelines.training`` import this
 module; it imports neither.

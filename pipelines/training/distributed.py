@@ -2,23 +2,24 @@
 
 The shared loop (``pipelines.training.loop.run_training``) never decides these itself; it asks
 a ``Distributed`` object. The default, ``TorchDistributed``, is what torchrun-started ranks need
-(torchrun and TorchDistributor set RANK / LOCAL_RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT):
+(torchrun sets RANK / LOCAL_RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT, also where a platform starts it):
 join the group (nccl on GPU, gloo on CPU) unless one exists, wrap the model in
 ``DistributedDataParallel`` (the loop registers the strategy's comm hook on it, timed by
 ``comm_timer``: the "communication" phase), leave the loaders alone, and destroy the group at the end only if
-it created it (``optimizer_options``: extra AdamW arguments, none by default). A framework
-that owns these (Ray Train's ``prepare_model`` /
-``prepare_data_loader`` and its process group) subclasses it and overrides the step it owns,
-without copying the loop; one whose engine owns backward, the optimizer step and the checkpoint's
-state (DeepSpeed) returns it from ``engine`` (``pipelines.training.engine``). Training strategies (``pipelines.training.strategies``) plug in
-here too: ``sharding=fsdp`` calls ``shard_model`` instead of ``wrap_model``; comm hooks and
-local SGD are registered on whatever DDP module ``wrap_model`` returns:
+it created it (``optimizer_options``: extra AdamW arguments, none by default). A platform
+that owns some of these (its own ranks, process group, model or loader preparation) subclasses it
+and overrides the step it owns, without copying the loop; one whose engine owns backward, the
+optimizer step and the checkpoint's state returns it from ``engine`` (``pipelines.training.engine``).
+Training strategies (``pipelines.training.strategies``) plug in here too: ``sharding=fsdp`` calls
+``shard_model`` instead of ``wrap_model``; comm hooks and local SGD are registered on whatever
+DistributedDataParallel module ``wrap_model`` returns. A platform's worker (in its package) does,
+for example:
 
-    class RayTrainDistributed(TorchDistributed):      # pipelines.platforms.ray.worker
-        def ranks(self): ...                          # from ray.train.get_context()
-        def on_epoch_end(self, env, epoch, path, m): ...  # ray.train.report(m, checkpoint=...)
+    class PlatformDistributed(TorchDistributed):
+        def ranks(self): ...                          # from the platform's own worker context
+        def on_epoch_end(self, env, epoch, path, m): ...  # hand each epoch's checkpoint to the platform
 
-    run_training(spec, launch_time, distributed=RayTrainDistributed())
+    run_training(spec, launch_time, distributed=PlatformDistributed())
 """
 
 from __future__ import annotations
@@ -56,11 +57,6 @@ class DistEnv:
         return "cpu:cores " + ",".join(map(str, self.cores)) if self.cores else "cpu"
 
 
-# A Spark executor runs in <worker work dir>/<app id>/<executor id>; its Python workers and the
-# torchrun ranks a barrier task starts inherit that working directory.
-_SPARK_EXECUTOR_DIR = re.compile(r"/(app-\d+-\d+)/(\d+)$")
-
-
 HOST_ENV = "BENCHMARK_HOST"  # set by a launch host (EmulatedHost.run, SSHHost.run): its name
 HOST_IFNAME = "eth0"  # an emulated host's cluster interface
 
@@ -94,25 +90,29 @@ def link_tx_bytes(ifname: str | None = None) -> int | None:
         return None
 
 
-def placement(cwd: str | None = None, host: str | None = None) -> str:
+def placement(cwd: str | None = None, host: str | None = None, workdir: tuple[str, str] = ()) -> str:
     """Where this rank ran, for the result: ``<host>``; on a launch host ``<host> <address>``
-    (its name and its own interface address, measured here); `` executor <app>/<id>`` appended
-    when a Spark executor started it (cluster mode: the barrier task's executor)."""
+    (its name and its own interface address, measured here); then what the working directory says
+    of where the platform's launcher put the rank (``workdir``: the platform's
+    ``Platform.workdir_placement``, a regex whose groups fill a format), when it matches."""
     if host is None and os.environ.get(HOST_ENV):
         address = host_address()
         host = f"{os.environ[HOST_ENV]} {address}" if address else os.environ[HOST_ENV]
     host = host or socket.gethostname()
-    match = _SPARK_EXECUTOR_DIR.search(cwd if cwd is not None else os.getcwd())
-    return f"{host} executor {match.group(1)}/{match.group(2)}" if match else host
+    if not workdir:
+        return host
+    pattern, where = workdir
+    match = re.search(pattern, cwd if cwd is not None else os.getcwd())
+    return f"{host} {where.format(*match.groups())}" if match else host
 
 
 def pin_cpu_cores(local_rank: int, local_world: int, threads: int, world: int = 1) -> tuple[int, ...]:
     """Give each rank of this node its own ``threads`` cores of the allowed set, so ranks (and
     the host lock's one cell) never share a core; wraps around when cores are short.
 
-    A launcher that starts one process per "node" (Spark barrier tasks: one torchrun per task)
-    gives every rank local rank 0 of 1, even when several such nodes share a host: pinning would
-    put them all on the same core (measured: 1.9x the training time of 2 Spark executors on one
+    A launcher that starts one process per "node" (a platform running one torchrun per task of
+    its own) gives every rank local rank 0 of 1, even when several such nodes share a host: pinning
+    would put them all on the same core (measured: 1.9x the training time of two such ranks on one
     2-core host). Those ranks (local world 1 in a larger world) are left to the OS scheduler."""
     allowed = sorted(os.sched_getaffinity(0))
     if local_world == 1 and (world > 1 or len(allowed) < 2):
@@ -139,7 +139,7 @@ def all_reduce_sum(values: list[float], env: DistEnv) -> list[float]:
 
 
 class TorchDistributed:
-    """torchrun's contract: process group from the environment, DDP wrapping."""
+    """torchrun's contract: process group from the environment, DistributedDataParallel wrapping."""
 
     def __init__(self) -> None:
         self.created_group = False
@@ -165,7 +165,7 @@ class TorchDistributed:
             torch.cuda.set_device(device)
         else:
             device = torch.device("cpu")
-            if local_world is not None:  # started by a launcher (torchrun, Spark, Ray)
+            if local_world is not None:  # started by a launcher (torchrun, a platform's workers)
                 cores = pin_cpu_cores(local_rank, local_world, torch.get_num_threads(), world)
         if world > 1 and not dist.is_initialized():
             dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
@@ -196,7 +196,7 @@ class TorchDistributed:
 
     def runtime(self, strategy, env: DistEnv, class_counts):
         """The cell's strategy runtime for this rank (``pipelines.training.runtime.runtime_for``); a
-        framework that shards the model itself (DeepSpeed ZeRO-3: padded evaluation, the final
+        framework that shards the model itself (e.g. a ZeRO-3 engine: padded evaluation, the final
         model gathered on rank 0) returns its own ``Replicated`` subclass."""
         from pipelines.training.runtime import runtime_for
 
@@ -204,14 +204,14 @@ class TorchDistributed:
 
     def engine(self, env: DistEnv) -> TorchEngine:
         """Who runs backward, the optimizer and scheduler steps and the checkpoint's state
-        (``pipelines.training.engine``): plain torch by default; a framework whose engine owns
-        them (DeepSpeed) returns its own."""
+        (``pipelines.training.engine``): plain torch by default; a platform whose engine owns
+        them returns its own."""
         return TorchEngine()
 
     def on_epoch_end(self, env: DistEnv, epoch: int, checkpoint_path: str | None, metrics: dict) -> None:
         """Called on every rank at the end of the checkpoint phase of each epoch (``checkpoint_path``:
-        the file rank 0 just wrote, None on the other ranks): a framework that tracks
-        checkpoints itself (Ray Train's ``report``) registers it here. Nothing by default."""
+        the file rank 0 just wrote, None on the other ranks): a platform that tracks
+        checkpoints itself registers it here (its own report call). Nothing by default."""
 
     def teardown(self) -> None:
         """Destroy the process group if (and only if) ``setup`` created it."""

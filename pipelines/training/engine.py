@@ -1,8 +1,8 @@
 """Who does the loop's optimizer work: backward, the optimizer and scheduler steps, and the
 model / optimizer / scheduler part of a checkpoint. ``TorchEngine`` is plain torch (the default);
-an engine that owns these (DeepSpeed's ``engine.backward`` / ``engine.step`` /
-``engine.save_checkpoint``, Horovod's ``DistributedOptimizer``, Determined's trial context)
-replaces the methods it owns and the shared loop stays one loop.
+an engine that owns these (a platform's own engine with its backward / step / checkpoint calls, a
+wrapping distributed optimizer, a trial's context: each platform's package says which) replaces the
+methods it owns and the shared loop stays one loop.
 
 The loop (``pipelines.training.loop``) gets the engine from its ``Distributed`` seam
 (``TorchDistributed.engine``) and calls it at fixed points:
@@ -16,12 +16,12 @@ The loop (``pipelines.training.loop``) gets the engine from its ``Distributed`` 
     engine.zero_grad(); engine.backward(loss); engine.step(); <strategy's after_step>; engine.scheduler_step()
     state = engine.state_dict(epoch, directory)  # every rank, each epoch's checkpoint; rank 0 writes it
 
-An engine that keeps its own checkpoint (DeepSpeed: every rank writes its part of
-``directory/<tag>`` with ``save_checkpoint``) returns a reference from ``state_dict`` (e.g.
-``{"engine_tag": tag}``); the loop's checkpoint file then holds that next to the RNG states,
-the record and the config, and ``load_state`` gets it back on resume (``load_checkpoint``).
+An engine that keeps its own checkpoint (every rank writes its part of ``directory/<tag>``
+itself) returns a reference from ``state_dict`` (e.g. ``{"engine_tag": tag}``); the loop's
+checkpoint file then holds that next to the RNG states, the record and the config, and
+``load_state`` gets it back on resume (``load_checkpoint``).
 ``load_model_state`` does nothing for such an engine. Its ``attach`` returns the engine's own
-module (``deepspeed.initialize(model=..., optimizer=..., lr_scheduler=...)``); its seam's
+module (built from the model, the optimizer and the scheduler by the engine's library); its seam's
 ``wrap_model`` returns the model unwrapped so nothing else synchronises gradients, and its
 ``step`` steps the scheduler itself (``scheduler_step`` does nothing).
 """

@@ -177,7 +177,7 @@ def _epochs(spec: CellSpec, step: WholeStep, evaluator: GraphEval, sampler, size
 def _finish(spec: CellSpec, env: DistEnv, record: TrainingRecord, model, test_set, launch_time: float,
             model_source: str, train_samples: int, steps_per_epoch: int) -> None:
     """The loop's end: final test on every test row, export, worker_result.json."""
-    devices, placements = worker_devices(env)
+    devices, placements = worker_devices(env, spec.backend)
     test, test_seconds = final_test(model, test_set, spec, env.device)
     log.info("test: accuracy %.3f macro-F1 %.3f loss %.4f", test.accuracy, test.f1, test.loss)
     model_path, export_seconds = timed_export(model, spec.cell)

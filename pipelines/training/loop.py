@@ -1,10 +1,10 @@
 """The shared training loop: every backend runs exactly this code in every rank.
 
-Started through ``pipelines.training.worker`` (torchrun, TorchDistributor), Ray Train's and the
-Spark dataframe feed's entries; the Determined trial (Determined's Trainer owns its loop) shares
-its building blocks (``pipelines.training.steps``: data, loaders, optimizer, training step,
-evaluation), its engine hooks and, with every rank of every platform, ``RankProcess``
-(``pipelines.training.process``: pid file, heartbeat, record, result).
+Started through ``pipelines.training.worker`` (torchrun, also where a platform starts it) or a
+platform's own training entry (in its package, with its own ``Distributed`` seam); a platform
+whose own Trainer owns the loop (a trial) shares its building blocks (``pipelines.training.steps``:
+data, loaders, optimizer, training step, evaluation), its engine hooks and, with every rank of
+every platform, ``RankProcess`` (``pipelines.training.process``: pid file, heartbeat, record, result).
 Reads the token shards of the run folder, trains with DistributedSampler + AdamW (torch's fused kernel) + linear
 warm-up, all-reduces per-epoch train loss/accuracy, evaluates on the validation split (carved
 from train at ingest) each epoch, checkpoints every epoch to ``<cell>/checkpoints`` and resumes
@@ -12,21 +12,21 @@ from the newest one; the test split is evaluated once, at the end.
 
 Distributed contract: the ``Distributed`` seam (``pipelines.training.distributed``) joins the
 process group and wraps the model; by default torchrun's RANK / LOCAL_RANK / WORLD_SIZE with
-gloo on CPU, nccl on GPU (with bf16 autocast) and DDP. Rank 0 alone logs, checkpoints and
-writes ``<cell>/worker_result.json``. Phase timings come from ``TrainingRecord``
-(``pipelines.training.record``), the one definition shared with the Determined trial.
+gloo on CPU, nccl on GPU (with bf16 autocast) and DistributedDataParallel. Rank 0 alone logs,
+checkpoints and writes ``<cell>/worker_result.json``. Phase timings come from ``TrainingRecord``
+(``pipelines.training.record``), the one definition shared with a platform's own trial.
 
 Engine: backward, the optimizer and scheduler steps and the model / optimizer / scheduler part
 of each checkpoint are the seam's engine's (``pipelines.training.engine``; plain torch by
-default), so an engine that owns them (DeepSpeed) plugs in here instead of a second loop.
+default), so a platform's engine that owns them plugs in here instead of a second loop.
 
-Strategies: what a cell's training strategy changes (DDP comm hook, local SGD averaging, FSDP2
-sharding, weighted loss) is the ``pipelines.training.runtime`` object the loop calls at fixed
-points; the loop itself is the same for all of them.
+Strategies: what a cell's training strategy changes (a DistributedDataParallel comm hook, local
+SGD averaging, FSDP2 sharding, weighted loss) is the ``pipelines.training.runtime`` object the
+loop calls at fixed points; the loop itself is the same for all of them.
 
 Extension point: ``PIPELINES_EPOCH_END_HOOK=module:function`` is called on every rank after
 each epoch's checkpoint with ``epoch``, ``rank`` and ``cell_dir`` (tests use it to inject
-faults at a known point: tests/fault_injection.py); the Determined trial resolves it here too.
+faults at a known point: tests/fault_injection.py); a platform's own trial resolves it here too.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def run_training(spec: CellSpec, launch_time: float, distributed: TorchDistribut
     """Train one cell in this rank; rank 0 writes worker_result.json at the end.
 
     ``distributed`` decides who owns the process group, wraps the model and runs its optimizer
-    work (the default: torchrun's environment, DDP, plain torch); it is torn down here whatever
+    work (the default: torchrun's environment, DistributedDataParallel, plain torch); it is torn down here whatever
     happens.
     """
     distributed = distributed or TorchDistributed()
@@ -170,7 +170,7 @@ def _prepare(process: RankProcess, distributed: TorchDistributed) -> _Run:
     optimizer, scheduler = build_optimizer(model, cfg, steps_per_epoch * cfg.training.epochs,
                                            **distributed.optimizer_options(env))
     torch.manual_seed(cfg.training.seed + env.rank)  # dropout stream: distinct per rank, reproducible
-    samples_per_epoch = len(loader.sampler) * env.world_size  # padded rows included: they are trained
+    samples_per_epoch = runtime.samples_per_epoch(loader)  # padded rows included: they are trained
     record = process.start_record(state and state["record"], samples_per_epoch)
     wrapped = runtime.wrap(model, steps_done=record.epochs_done * steps_per_epoch)
     wrapped = engine.attach(model, wrapped, optimizer, scheduler, runtime)

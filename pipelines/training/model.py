@@ -56,3 +56,17 @@ def _from_config(source, num_labels, AutoConfig, AutoModelForSequenceClassificat
     except (OSError, ValueError) as err:  # ValueError: a folder without a usable config.json
         raise OSError(f"model_source={source!r}: no usable config.json ({err})") from err
     return AutoModelForSequenceClassification.from_config(config), "random_init"
+
+
+def encoder_layers(source: str) -> int | None:
+    """The model's encoder layer count from its folder's config file (``num_hidden_layers``), read
+    without loading the model; None where the source is no folder with a readable config (a hub id)."""
+    import json
+
+    from transformers.utils import CONFIG_NAME
+
+    try:
+        value = json.loads((Path(source) / CONFIG_NAME).read_text()).get("num_hidden_layers")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) else None

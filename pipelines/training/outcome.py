@@ -1,13 +1,12 @@
 """A cell's outcome: every rank's device and placement, and rank 0's exported model and
 ``worker_result.json``, the same fields under every backend (every rank's
-``pipelines.training.process.RankProcess`` writes it through here, in the shared loop and the
-Determined trial alike)."""
+``pipelines.training.process.RankProcess`` writes it through here, in the shared loop and in a
+platform's own trial alike)."""
 
 from __future__ import annotations
 
 import ctypes
 import errno
-import json
 import os
 import platform
 import resource
@@ -17,55 +16,20 @@ import time
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
+from pipelines import platforms
 from pipelines.training.cell import CellSpec
 from pipelines.runfolder.paths import CellPaths
 from pipelines.runfolder.results import CellResult, TestMetrics
 from pipelines.training.distributed import DistEnv, device_name, placement
+from pipelines.training.messages import MAX_GATHERED_BYTES as MAX_GATHERED_BYTES, all_gather_json
 from pipelines.training.record import TrainingRecord
 
-# what one rank may send through ``all_gather_json``: far above what a rank sends (its step times),
-# far below what would exhaust a peer's memory
-MAX_GATHERED_BYTES = 64 * 2**20
-
-
-def all_gather_json(value, env: DistEnv) -> list:
-    """``value`` (JSON types) from every rank, in rank order, the same on every rank.
-
-    It travels as UTF-8 JSON in uint8 tensors (every length first, then the payloads padded to the
-    longest): torch.distributed has no authentication, and ``all_gather_object`` unpickles what a
-    peer sends, which runs whatever code that peer put in. Tuples come back as lists, on one rank too.
-    """
-    data = json.dumps(value).encode()
-    if env.world_size == 1:
-        return [json.loads(data)]
-    length = torch.tensor([len(data)], dtype=torch.int64, device=env.device)
-    lengths = [torch.empty_like(length) for _ in range(env.world_size)]
-    dist.all_gather(lengths, length)
-    sizes = [int(n.item()) for n in lengths]
-    if not all(0 < n <= MAX_GATHERED_BYTES for n in sizes):  # every rank sees the same sizes: all refuse
-        raise RuntimeError(f"all_gather_json: the ranks' messages are {sizes} bytes; each must be 1 to "
-                           f"{MAX_GATHERED_BYTES}")
-    mine = torch.zeros(max(sizes), dtype=torch.uint8)
-    mine[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    mine = mine.to(env.device)
-    gathered = [torch.empty_like(mine) for _ in sizes]
-    dist.all_gather(gathered, mine)
-    return [_parsed(t[:n].cpu().numpy().tobytes(), rank) for rank, (t, n) in enumerate(zip(gathered, sizes))]
-
-
-def _parsed(message: bytes, rank: int):
-    try:
-        return json.loads(message)
-    except ValueError as err:  # not UTF-8, not JSON: a peer outside the protocol
-        raise RuntimeError(f"all_gather_json: rank {rank}'s message is not JSON ({err})") from None
-
-
-def worker_devices(env: DistEnv) -> tuple[list[str], list[str]]:
-    """Every rank's device label (``cuda:0``, ``cpu:cores 1``) and placement (host, Spark
-    executor: ``distributed.placement``), gathered to every rank."""
-    labels = all_gather_json([env.device_label, placement()], env)
+def worker_devices(env: DistEnv, backend: str) -> tuple[list[str], list[str]]:
+    """Every rank's device label (``cuda:0``, ``cpu:cores 1``) and placement (its host, and where
+    ``backend``'s launcher put it: ``distributed.placement``), gathered to every rank."""
+    known = platforms.find(backend)
+    labels = all_gather_json([env.device_label, placement(workdir=known.workdir_placement if known else ())], env)
     return [d for d, _ in labels], [p for _, p in labels]
 
 

@@ -3,12 +3,12 @@
 A cell's phases (``CellResult.phases``, seconds) split its timed window (adapter entry, after
 the host lock, -> the attempt's end) into:
 
-- ``provision``: bringing up the platform's own cluster inside the cell (a per-job Spark
-  master and workers, a per-job Ray head and nodes), where the cell does; a standing cluster's
-  provision is the run's, outside every cell (``pipelines.run.services``);
-- ``launch``: adapter entry -> the first training step, less ``provision``: process start, JVM /
-  SparkContext / executors, Determined or Ray start-up, process group, loading the token shards,
-  model build;
+- ``provision``: bringing up the platform's own cluster inside the cell (a per-job cluster's
+  head or master and its workers or nodes: ``Platform.lifetime``), where the cell does; a standing
+  cluster's provision is the run's, outside every cell (``pipelines.run.services``);
+- ``launch``: adapter entry -> the first training step, less ``provision``: process start, the
+  platform's own start-up (a JVM and its session, executors, agents, a client's connection),
+  process group, loading the token shards, model build;
 - ``data``: the training thread waiting for the next batch (``TrainingRecord.timed_batches``);
 - ``communication``: wall time during which a gradient all-reduce is in flight (a DDP
   communication-hook timer, ``CommTimer``: the union of the buckets' intervals, so the part
@@ -18,7 +18,7 @@ the host lock, -> the attempt's end) into:
 - ``checkpoint``: the per-epoch checkpoints and the export of the trained model;
 - ``evaluation``: the per-epoch held-out evaluation and the final test;
 - ``teardown``: rank 0 has its result -> the attempt ends: process group teardown, process
-  exit, launcher / Spark session / Ray cluster stop;
+  exit, launcher / platform session / per-job cluster stop;
 - ``retries``: the wall time of earlier, failed attempts (only when a cell was retried).
 
 They add up to the cell's ``total_seconds`` up to small gaps nobody owns (logging, the

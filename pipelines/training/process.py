@@ -1,5 +1,5 @@
 """What every rank of a cell owes its adapter, whoever runs the training loop (the shared loop
-under torchrun, TorchDistributor and Ray Train; Determined's Trainer for the Determined trial):
+under torchrun and the platforms that run it; a platform's own Trainer for its trial):
 
 - its pid file ``<cell>/ranks/rank-<k>.pid`` once it knows its rank
   (``pipelines.measure.process_kinds.write_rank_pid``: the resource split by process);
@@ -86,7 +86,7 @@ class RankProcess:
                link_bytes_per_train_step: float | None = None) -> CellResult | None:
         """Every rank (the devices are gathered); rank 0: the final test of ``model``, its export
         and ``worker_result.json``, which it returns."""
-        devices, placements = worker_devices(self.env)
+        devices, placements = worker_devices(self.env, self.spec.backend)
         rank_steps = gather_rank_steps(self.env, self.record)  # a collective: every rank
         if not self.env.is_main:
             return None

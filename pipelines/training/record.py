@@ -1,7 +1,7 @@
 """The training record: per-epoch metrics, phase timings and the resume marker of one cell.
 
-One definition of every timed phase, used by the shared torch loop and by the Determined trial
-(driven from Determined's callbacks) alike, so no platform is timed differently:
+One definition of every timed phase, used by the shared torch loop and by a platform's own trial
+(driven from its Trainer's callbacks) alike, so no platform is timed differently:
 
 - ``train``: the epoch's training steps: waiting for batches, forward, backward, gradient
   all-reduce, optimizer and scheduler step, and the all-reduce of the epoch's train metrics;
@@ -10,7 +10,8 @@ One definition of every timed phase, used by the shared torch loop and by the De
 - ``startup``: the adapter's launch time -> the first training step of this attempt;
 - inside ``train``, two parts measured as they happen (``add`` / ``timed_batches``): ``data``
   (waiting for the next batch) and ``communication`` (gradient all-reduce in flight, from a
-  DDP comm-hook timer, plus the epoch metrics' all-reduce); ``compute`` is the rest;
+  DistributedDataParallel comm-hook timer, plus the epoch metrics' all-reduce); ``compute`` is
+  the rest;
 - ``elapsed``: wall time from the first training step to the end of the newest epoch,
   summed over attempts (a resumed cell continues from the elapsed time of its checkpoint).
 

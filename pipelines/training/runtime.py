@@ -8,19 +8,22 @@
     runtime.shard(model)                        # before the optimizer is built over the parameters
     runtime.load_optimizer_state(model, optimizer, state)      # resume
     wrapped = runtime.wrap(model, steps_done)   # after the resume; what the training steps call
-    forward(wrapped, batch, device, runtime.loss_weights); ...; runtime.after_step(record)
+    runtime.samples_per_epoch(loader)           # the rows one epoch trains, every rank's
+    train_step(engine, wrapped, batch, device, runtime.loss_weights, after_step)  # steps; runtime.after_step
     runtime.at_epoch_end(record)                # before the epoch's metrics and evaluation
     evaluate(..., pad_to_batches=runtime.eval_batches(rows, batch_size))
     runtime.checkpoint_state(model, optimizer)  # every rank (collective when sharded)
     runtime.final_model(model, rebuild)         # every rank; rank 0 gets the model to test
     runtime.comm_bytes_per_step                 # for the result
 
-- ``Replicated``: the distributed seam's ``wrap_model`` (DDP) with the strategy's comm hook
-  registered on it (``strategies.apply_strategy``); also every one-process cell;
+- ``Replicated``: the distributed seam's ``wrap_model`` (DistributedDataParallel) with the
+  strategy's comm hook registered on it (``strategies.apply_strategy``); also every one-process cell;
 - ``LocalSGD``: replicated, plus the periodic parameter averaging after steps and at epoch end,
   timed as communication; on resume it continues its averaging period;
 - ``Sharded``: FSDP2 (the seam's ``shard_model``, before the optimizer), full state dicts for
-  checkpoints and the final model, padded evaluation so every rank joins the same all-gathers.
+  checkpoints and the final model, padded evaluation so every rank joins the same all-gathers;
+- ``Pipelined`` (``pipelines.training.pipeline``): the model's layers split over the ranks, a
+  training step the pipeline schedule's forward and backward of the global batch.
 
 Class imbalance (weighted sampler or weighted loss) works the same under each of them.
 """
@@ -40,12 +43,14 @@ from pipelines.training.record import TrainingRecord
 
 if TYPE_CHECKING:  # the seam calls runtime_for: annotations only here
     from pipelines.training.distributed import DistEnv, TorchDistributed
+    from pipelines.training.pipeline import Pipelined
 
 log = logging.getLogger("pipelines.training")
 
 
 class Replicated:
-    """DDP (or the seam's own wrapper) with the strategy's comm hook; one process: the model."""
+    """DistributedDataParallel (or the seam's own wrapper) with the strategy's comm hook; one
+    process: the model."""
 
     sharded = False
 
@@ -94,6 +99,10 @@ class Replicated:
         strategies.load_optimizer_state(model, optimizer, state, self.sharded)
 
     # --- steps ----------------------------------------------------------------------------
+    def samples_per_epoch(self, loader) -> int:
+        """The rows one epoch trains on all ranks together (padded rows included: they are trained)."""
+        return len(loader.sampler) * self.env.world_size
+
     def after_step(self, record: TrainingRecord) -> None:
         """After ``optimizer.step()``: count the step (bytes per step)."""
         self.hooks.after_step()
@@ -161,9 +170,13 @@ class Sharded(Replicated):
 
 
 def runtime_for(strategy: TrainingStrategy, distributed: TorchDistributed, env: DistEnv,
-                class_counts: Callable[[], list[int]]) -> Replicated:
+                class_counts: Callable[[], list[int]]) -> Replicated | Pipelined:
     """The runtime of ``strategy`` for this rank (``class_counts``: the train split's rows per
     label, called only for an imbalance strategy)."""
+    if strategy.pipeline_microbatches:  # one worker: refused there, with the reason
+        from pipelines.training.pipeline import Pipelined
+
+        return Pipelined(strategy, distributed, env, class_counts)
     if env.world_size > 1 and strategy.sharding == "fsdp":
         return Sharded(strategy, distributed, env, class_counts)
     if env.world_size > 1 and strategy.sync_every > 1:

@@ -1,7 +1,7 @@
 """The shared loop's building blocks, per rank: the token splits and their loaders, the
 optimizer, one forward, one training step, an evaluation pass and the final test.
 
-The shared loop (``pipelines.training.loop``) and the Determined trial both train with exactly
+The shared loop (``pipelines.training.loop``) and a platform's own trial both train with exactly
 these; a training step's backward and optimizer work is its engine's
 (``pipelines.training.engine``).
 """
@@ -102,10 +102,19 @@ def train_step(engine, model, batch, device: torch.device, class_weights: torch.
     """One training step -> (loss, logits, labels): ``forward``, then the engine's zero_grad,
     backward and optimizer step, ``after_step`` (the strategy's: local SGD averaging) and the
     engine's scheduler step (``engine``: ``pipelines.training.engine.TorchEngine`` or one that
-    replaces it)."""
-    loss, logits, labels = forward(model, batch, device, class_weights)
-    engine.zero_grad()
-    engine.backward(loss)
+    replaces it). A model that runs its forward and backward as one schedule (a pipeline's stages:
+    ``pipelines.training.pipeline.PipelineModel.forward_backward``) does both after zero_grad,
+    instead of ``forward`` and the engine's backward."""
+    fused = getattr(model, "forward_backward", None)
+    if fused is not None:
+        ids, mask, labels = (t.to(device, non_blocking=True) for t in batch)
+        engine.zero_grad()
+        with autocast(device):
+            loss, logits = fused(ids, mask, labels, class_weights)
+    else:
+        loss, logits, labels = forward(model, batch, device, class_weights)
+        engine.zero_grad()
+        engine.backward(loss)
     engine.step()
     if after_step is not None:
         after_step()

@@ -1,7 +1,7 @@
 """Training strategies in the shared loop: DDP comm hooks, local SGD, FSDP2, class imbalance.
 
 ``pipelines.config.TrainingStrategy`` says what a cell does; this module does it with
-PyTorch's own pieces, so every backend that runs the shared loop (DDP, Spark, Ray) gets them:
+PyTorch's own pieces, so every platform that runs the shared loop gets them:
 
 - ``comm_hook``: ``DistributedDataParallel.register_comm_hook`` with
   ``default_hooks.fp16_compress_hook`` / ``bf16_compress_hook`` or ``powerSGD_hook``

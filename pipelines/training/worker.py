@@ -1,13 +1,13 @@
 """The worker entry point torchrun and TorchDistributor run in every rank.
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 \\
-        -m pipelines.training.worker --cell-dir runs/<id>/cells/ddp-w2-r0 --launch-time <epoch s>
+        -m pipelines.training.worker --cell-dir runs/<id>/cells/<cell> --launch-time <epoch s>
 
 Reads ``<cell-dir>/cell.json`` (``pipelines.training.cell.CellSpec``, written by the backend adapter)
 and the RANK/LOCAL_RANK/WORLD_SIZE env that torchrun sets, runs the shared loop, and rank 0
 writes ``<cell-dir>/worker_result.json`` (``pipelines.training.process.RankProcess``: what every
 rank does under every launcher). Pass paths, not data: every argument is a string,
-so the same call works through Spark's cloudpickle as well.
+so the same call works as well where a platform pickles it to its workers.
 """
 
 from __future__ import annotations

@@ -15,8 +15,9 @@ from typing import Any
 from pipelines import platforms
 from pipelines.web.trends import RunRecord
 
+# metric, label ({reference}: the reference platform's name, filled in by compare_runs), scale
 COMPARED = (("total_seconds", "total s", 1), ("training_seconds", "training s", 1),
-            ("samples_per_second", "samples/s", 1), ("overhead_vs_ddp_total", "overhead vs DDP %", 100),
+            ("samples_per_second", "samples/s", 1), ("overhead_vs_reference_total", "overhead vs {reference} %", 100),
             ("test_accuracy", "test accuracy %", 100))
 
 
@@ -36,6 +37,7 @@ def compare_runs(a: RunRecord, b: RunRecord) -> dict[str, Any]:
     keys = list(a.aggregates) + [k for k in b.aggregates if k not in a.aggregates]
     failed_a = {f["key"] for f in a.failed}
     failed_b = {f["key"] for f in b.failed}
+    reference = platforms.reference()
     rows = []
     for key in keys:
         ga, gb = a.aggregates.get(key, {}), b.aggregates.get(key, {})
@@ -44,9 +46,10 @@ def compare_runs(a: RunRecord, b: RunRecord) -> dict[str, Any]:
                                            f"{gb.get('repeats_ok', '-')}/{gb.get('repeats', '-')}"),
                                "failed": (key in failed_a, key in failed_b)}
         for metric, label, scale in COMPARED:
-            if metric == "overhead_vs_ddp_total" and (ga or gb).get("backend") == platforms.reference():
+            label = label.format(reference=reference)
+            if metric == "overhead_vs_reference_total" and (ga or gb).get("backend") == reference:
                 row["metrics"].append({"metric": metric, "label": label, "a": None, "b": None, "delta": None,
-                                       "pct": None})  # DDP is the reference
+                                       "pct": None})  # the reference itself
                 continue
             va, vb = ga.get(metric), gb.get(metric)
             va = None if va is None else va * scale

@@ -47,7 +47,8 @@ WINDOWS = {"7d": 7, "30d": 30, "90d": 90, "365d": 365, "all": None}
 METRICS = (
     ("total_seconds", "Total time per cell", "total time per cell (s, median)", "s", 1, "time"),
     ("samples_per_second", "Training throughput", "training samples/s (median)", "samples/s", 1, None),
-    ("overhead_vs_ddp_total", "Overhead vs DDP", "total time over DDP's (%)", "%", 100, None),
+    # against the reference platform ({reference}: its name, filled in by trend_series)
+    ("overhead_vs_reference_total", "Overhead vs {reference}", "total time over {reference}'s (%)", "%", 100, None),
     ("test_accuracy", "Test accuracy", "test accuracy (%, median)", "%", 100, "accuracy"),
 )
 
@@ -97,6 +98,7 @@ def trend_series(runs: list[RunRecord], profile: str, window_days: int | None = 
     ``alarms``: indices of the runs whose regression check alarmed on it; ``failed``: run index ->
     error of the cell's failed repeats. Compact on purpose: 200 runs are ~0.1 MB of JSON."""
     now = now or datetime.now(timezone.utc)
+    reference = platforms.reference()
     since = now - timedelta(days=window_days) if window_days else None
     chosen = [r for r in runs if r.profile == profile and r.status is not None
               and (since is None or r.started >= since)]
@@ -105,7 +107,7 @@ def trend_series(runs: list[RunRecord], profile: str, window_days: int | None = 
     for run in chosen:
         for key, agg in run.aggregates.items():
             keys.setdefault(key, agg)
-    place = {name: i for i, name in enumerate(platforms.names())}  # the registry's order, ddp first
+    place = {name: i for i, name in enumerate(platforms.names())}  # the registry's order, the reference first
     ordered = sorted(keys, key=lambda k: (place.get(keys[k]["backend"], len(place)), str(keys[k]["backend"]),
                                           str(keys[k].get("strategy") or ""), _network_order(keys[k]),
                                           keys[k]["workers"] or 0))
@@ -116,8 +118,8 @@ def trend_series(runs: list[RunRecord], profile: str, window_days: int | None = 
                                "strategy": agg0.get("strategy"), "network": agg0.get("network") or "local",
                                "workers": agg0["workers"], "metrics": {}}
         for metric, _, _, _, scale, band_kind in METRICS:
-            if metric == "overhead_vs_ddp_total" and agg0["backend"] == platforms.reference():
-                continue  # DDP is the reference: always 0
+            if metric == "overhead_vs_reference_total" and agg0["backend"] == reference:
+                continue  # the reference itself: always 0
             values, bands, alarms, failed = [], [], [], {}
             kind = {"total_seconds": "time", "test_accuracy": "accuracy"}.get(metric)
             for i, run in enumerate(chosen):
@@ -140,9 +142,10 @@ def trend_series(runs: list[RunRecord], profile: str, window_days: int | None = 
                   "started": r.started.strftime("%Y-%m-%d %H:%M"), "status": r.status,
                   "regression": (r.regression or {}).get("status"),
                   "baseline": (r.regression or {}).get("baseline")} for r in chosen],
-        "metrics": [{"id": m, "title": t, "y_label": y, "unit": u, "band": b is not None}
-                    for m, t, y, u, _, b in METRICS],
+        "metrics": [{"id": m, "title": t.format(reference=reference), "y_label": y.format(reference=reference),
+                     "unit": u, "band": b is not None} for m, t, y, u, _, b in METRICS],
         "platforms": platforms.styles(),  # label and colour of each platform (pipelines.platforms)
+        "reference": reference,  # the platform the overhead is measured against
         "series": series,
         "alarms": [{"run_id": r.run_id, "message": r.regression["message"]} for r in chosen if r.alarm],
     }

@@ -17,7 +17,7 @@ for the chart data) and only reaches the DOM as text in ``benchmarks.js``.
 
 Routes (relative to the mount point):
     GET /  (or /trends)   trends per (backend, strategy, workers) of one profile:
-                          ``?profile=nightly&window=30d|7d|90d|365d|all&cell=ddp-w2``
+                          ``?profile=nightly&window=30d|7d|90d|365d|all&cell=<backend>-w2``
     GET /runs             latest run per profile and one run (``?run=<id>``; default newest);
                           ``/?run=<id>`` shows the same (old links)
     GET /compare          two runs side by side: ``?a=<older id>&b=<newer id>``
@@ -165,7 +165,7 @@ def _judge(metric: dict[str, Any], config: dict[str, Any]) -> str:
     delta = metric["delta"]
     if delta is None or delta == 0:
         return ""
-    higher_is_worse = metric["metric"] in ("total_seconds", "training_seconds", "overhead_vs_ddp_total")
+    higher_is_worse = metric["metric"] in ("total_seconds", "training_seconds", "overhead_vs_reference_total")
     worse = delta > 0 if higher_is_worse else delta < 0
     if not worse:
         return "good"

@@ -64,7 +64,7 @@ def ranking(predictions: list[Prediction]) -> str:
 
 
 def leaning_on(predictions: list[Prediction]) -> list[str]:
-    """Each note once, with the platforms it holds for: "ddp, spark: warmup: no cell measured it"."""
+    """Each note once, with the platforms it holds for: "<platform>, <platform>/fp16: warmup: no cell measured it"."""
     by_note: dict[str, list[str]] = {}
     for p in predictions:
         for note in p.notes:

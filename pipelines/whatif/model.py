@@ -1,6 +1,6 @@
 """The what-if model: every term of a cell's wall time fitted on measured cells (``observe``).
 
-Per platform and strategy (a ``key``: "ddp", "spark/fp16"), each term is a least-squares fit of
+Per platform and strategy (a ``key``: "<platform>", "<platform>/fp16"), each term is a least-squares fit of
 what the cells measured on what they varied, kept with its covariance and the residual spread of
 one cell around it, so a prediction carries an interval (``Term.var``):
 

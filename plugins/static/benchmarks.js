@@ -177,8 +177,9 @@
       const lines = chart.data.datasets.filter((d) => d._series);
       if (lines.some((d) => d.data.some((v) => v !== null))) return;
       const { ctx, chartArea: a } = chart;
-      const text = metric.id === "overhead_vs_ddp_total" && t.data.series.every((s) => s.backend === "ddp")
-        ? "DDP is the reference (0 %): choose another backend's cell"
+      const reference = t.data.reference;  // the platform overheads are measured against (pipelines.platforms)
+      const text = metric.id === "overhead_vs_reference_total" && t.data.series.every((s) => s.backend === reference)
+        ? `${reference} is the reference (0 %): choose another backend's cell`
         : "no values for the chosen cells in this window";
       ctx.save();
       ctx.fillStyle = "#616e7c";
@@ -213,7 +214,7 @@
       scales: {
         x: { title: { display: true, text: "run start (UTC), one point per run" }, offset: t.labels.length < 3,
              ticks: { maxRotation: 0, autoSkip: true, autoSkipPadding: 12 } },
-        y: { title: { display: true, text: metric.y_label }, beginAtZero: metric.id === "overhead_vs_ddp_total" },
+        y: { title: { display: true, text: metric.y_label }, beginAtZero: metric.id === "overhead_vs_reference_total" },
       },
       plugins: {
         legend: legendOptions(),

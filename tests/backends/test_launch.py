@@ -140,8 +140,10 @@ def test_placement_names_the_spark_executor_a_rank_ran_in():
     from pipelines.training.distributed import placement
 
     work = "/opt/spark/work/app-20261130202133-0001/3"  # <worker work dir>/<app id>/<executor id>
-    assert placement(cwd=work, host="node7") == "node7 executor app-20261130202133-0001/3"
-    assert placement(cwd="/srv/runs/r1", host="node7") == "node7"  # torchrun, Determined, local mode
+    executor = platforms.get("spark").workdir_placement  # the platform's, through its record
+    assert placement(cwd=work, host="node7", workdir=executor) == "node7 executor app-20261130202133-0001/3"
+    assert placement(cwd="/srv/runs/r1", host="node7", workdir=executor) == "node7"  # local mode
+    assert placement(cwd=work, host="node7", workdir=platforms.get("ddp").workdir_placement) == "node7"
 
 
 def test_one_process_per_node_ranks_are_not_pinned_to_the_same_core():

@@ -83,7 +83,7 @@ def test_a_cell_across_two_emulated_hosts(tmp_path, imdb_dir, bert_tiny_dir, mon
     monkeypatch.setenv("LOGLEVEL", "INFO")  # torchrun logs each node's rendezvous (group_rank=...)
     from pipelines.run.cells import run_cell
     from pipelines.cluster import EmulatedCluster
-    from pipelines.cluster.emulated import _cgroup_pids, _netns_pids
+    from pipelines.cluster.leftovers import _cgroup_pids, _netns_pids
     from pipelines.training import phases
 
     paths = write_token_shards(RunPaths(tmp_path / "runs" / "ddpx-run"), imdb_dir, bert_tiny_dir,
@@ -125,7 +125,7 @@ def test_one_host_failing_stops_the_others_and_raises_with_its_tail(tmp_path):
     import time
 
     from pipelines.cluster import EmulatedCluster
-    from pipelines.cluster.emulated import _netns_pids
+    from pipelines.cluster.leftovers import _netns_pids
 
     wait = [sys.executable, "-c", "import time; print('waiting', flush=True); time.sleep(120)"]
     fail = [sys.executable, "-c", "import sys, time; time.sleep(0.5); print('boom on h1'); sys.exit(3)"]

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from pipelines.cluster import EmulatedCluster, NetworkSpec, measure_throughput, sweep, why_unavailable
-from pipelines.cluster.emulated import SUBNET, find_cgroups, list_netns, parse_cpu_list
+from pipelines.cluster.emulated import SUBNET, parse_cpu_list
+from pipelines.cluster.leftovers import find_cgroups, list_netns
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 MIB = 1 << 20

@@ -18,7 +18,7 @@ import pytest
 
 from pipelines.cluster import why_unavailable
 from pipelines.cluster import measure_throughput
-from pipelines.cluster.emulated import find_cgroups, list_netns, owner_pid
+from pipelines.cluster.leftovers import find_cgroups, list_netns, owner_pid
 from pipelines.runfolder.paths import RunPaths
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]

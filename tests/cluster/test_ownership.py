@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from pipelines.cluster import emulated, lifecycle
+from pipelines.cluster import leftovers, lifecycle
 from pipelines.measure import attempts
 from pipelines.runfolder.paths import RunPaths
 
@@ -25,13 +25,13 @@ def _sleeper() -> subprocess.Popen:
 def test_the_sweep_removes_what_an_owner_with_a_reused_pid_left_and_nothing_else():
     """Three namespaces: one of this live process (kept), one that names this PID with another start
     (the owner died and its PID was reused: removed), one not of ours (never touched)."""
-    me, start = os.getpid(), emulated.process_start(os.getpid())
-    live, reused, foreign = f"{emulated.owner_prefix()}-own-h0", f"bmc{me}s{start + 1}-own-h0", "bmctest-foreign"
+    me, start = os.getpid(), leftovers.process_start(os.getpid())
+    live, reused, foreign = f"{leftovers.owner_prefix()}-own-h0", f"bmc{me}s{start + 1}-own-h0", "bmctest-foreign"
     for ns in (live, reused, foreign):
         subprocess.run(["ip", "netns", "add", ns], check=True)
     try:
-        swept = emulated.sweep()
-        left = set(emulated.list_netns())
+        swept = leftovers.sweep()
+        left = set(leftovers.list_netns())
         assert reused in swept and reused not in left
         assert live in left and live not in swept and foreign in left
     finally:
@@ -40,12 +40,12 @@ def test_the_sweep_removes_what_an_owner_with_a_reused_pid_left_and_nothing_else
 
 
 def test_the_owner_of_a_name_is_its_pid_and_start():
-    prefix = emulated.owner_prefix()
-    assert prefix == f"bmc{os.getpid()}s{emulated.process_start(os.getpid())}"
-    assert emulated.owner_pid(f"{prefix}-c-h1") == os.getpid()
-    assert not emulated._owner_is_dead(f"{prefix}-c-h1", emulated.OWNER_PATTERN)
-    assert emulated._owner_is_dead(f"bmc{os.getpid()}s1-c-h1", emulated.OWNER_PATTERN)  # reused pid
-    assert not emulated._owner_is_dead("bmc123-old-style", emulated.OWNER_PATTERN)  # not our form: untouched
+    prefix = leftovers.owner_prefix()
+    assert prefix == f"bmc{os.getpid()}s{leftovers.process_start(os.getpid())}"
+    assert leftovers.owner_pid(f"{prefix}-c-h1") == os.getpid()
+    assert not leftovers._owner_is_dead(f"{prefix}-c-h1", leftovers.OWNER_PATTERN)
+    assert leftovers._owner_is_dead(f"bmc{os.getpid()}s1-c-h1", leftovers.OWNER_PATTERN)  # reused pid
+    assert not leftovers._owner_is_dead("bmc123-old-style", leftovers.OWNER_PATTERN)  # not our form: untouched
 
 
 def test_stop_never_signals_a_process_that_only_has_the_keepers_pid(tmp_path):
@@ -55,7 +55,7 @@ def test_stop_never_signals_a_process_that_only_has_the_keepers_pid(tmp_path):
     try:
         paths = RunPaths(tmp_path / "run")
         paths.cluster.mkdir(parents=True)
-        start = emulated.process_start(other.pid)
+        start = leftovers.process_start(other.pid)
         from pipelines.cluster.processes import identity
 
         pid, created = identity(other.pid)

@@ -88,6 +88,10 @@ def test_a_holders_pid_reused_by_another_process_is_never_joined(tmp_path):
     found = netns.run_state(paths)
     holder = found["identity"][0]
     try:
+        # a pid is reused after the kernel wrapped its pid counter, never within the clock tick
+        # (10 ms) its first process started in; here it is reused at once, so let a few ticks pass
+        # first, or the decoy could carry the holder's very start time (flaky on an idle machine)
+        time.sleep(0.05)
         os.kill(holder, signal.SIGKILL)
         os.waitpid(holder, 0)  # our child: reaped, its pid free
         # its pid now names a process of another network namespace (what a reused pid is, as root)

@@ -54,14 +54,14 @@ def test_page_requires_airflow_login(page):
 
 def test_trends_charts_hold_every_cell_with_band_alarm_and_failed_markers(page):
     charts = page["charts"]
-    assert list(charts) == ["total_seconds", "samples_per_second", "overhead_vs_ddp_total", "test_accuracy"]
+    assert list(charts) == ["total_seconds", "samples_per_second", "overhead_vs_reference_total", "test_accuracy"]
     total = charts["total_seconds"]
     assert total["y_title"] == "total time per cell (s, median)" and total["x_title"].startswith("run start (UTC)")
     assert total["runs"] == 10 and len(total["lines"]) == 6 and all(line["points"] == 10 for line in total["lines"])
     assert total["bands"] == 2 * 6  # lower + upper edge per cell
     assert total["alarms"] == ["ddp-w1", "ddp-w2"] and total["failed"] == ["spark-w2"]
     assert charts["test_accuracy"]["bands"] == 12 and charts["test_accuracy"]["alarms"] == []
-    assert [line["label"] for line in charts["overhead_vs_ddp_total"]["lines"]] == [  # the platforms' order
+    assert [line["label"] for line in charts["overhead_vs_reference_total"]["lines"]] == [  # the platforms' order
         "spark, 1 worker", "spark, 2 workers", "determined, 1 worker", "determined, 2 workers"]
     assert all(c["drawn"] > 20_000 for c in charts.values())  # canvases hold a drawing, not blank
     assert page["js_errors"] == []

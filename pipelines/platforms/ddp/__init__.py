@@ -37,6 +37,7 @@ PLATFORM = register(Platform(
     colour="#1d4ed8", settings=DDPSettings, reference=True, node_rank_setting="engines.ddp.node_rank",
     coordinator_note="torchrun's rendezvous store",
     retries_note="torchrun `--max-restarts`, elastic with `engines.ddp.elastic`",
+    return_agent="elastic torchrun",  # a returning host's torchrun joins the c10d rendezvous again
     process_kinds=(("torchrun", "torchrun"), ("torch.distributed.run", "torchrun")),
     # torch is every platform's: DDP adds nothing to install; across machines a torchrun per
     # machine with the rendezvous settings (engines.ddp), started by whoever runs the job. It brings

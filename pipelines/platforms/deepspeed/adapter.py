@@ -122,6 +122,10 @@ class DeepSpeedBackend(TrainingBackend):
         if strategy.sharding == "fsdp":
             return ("strategy 'fsdp' on deepspeed: DeepSpeed shards with ZeRO, not FSDP; ZeRO-3 partitions the "
                     "parameters as FSDP does: set engines.deepspeed.zero_stage=3")
+        if strategy.pipeline_microbatches:
+            return (f"strategy {strategy.name!r} on deepspeed: DeepSpeed's engine runs the whole model's forward "
+                    "and backward on every rank (its own pipeline engine, deepspeed.pipe, is not wired in); "
+                    "run pipeline cells on the platforms of the shared loop (ddp, spark, ray)")
         return super().strategy_refusal(strategy, world_size)
 
     def launch(self, spec: CellSpec, launch_time: float) -> None:

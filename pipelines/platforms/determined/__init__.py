@@ -1,7 +1,9 @@
 """Determined AI: the benchmark trial under ``det.pytorch.Trainer`` (local, under torchrun), or
 an experiment on a Determined master (``engines.determined.master``).
 
-``adapter.py`` launches; ``trial.py`` is the training process (a ``PyTorchTrial``).
+``adapter.py`` launches; ``trial.py`` is the training process (a ``PyTorchTrial``). The local
+mode listens on ``tcp://*:12360`` / ``12365``: its torchrun runs in a loopback-only namespace of
+the cell's own (``pipelines.platforms.torchrun.isolated``).
 """
 
 from pydantic import BaseModel, ConfigDict
@@ -30,6 +32,7 @@ def _remote_ranks(config) -> str | None:  # a Determined master: the trials on i
 PLATFORM = register(Platform(
     name="determined", remote_ranks=_remote_ranks, adapter=f"{__name__}.adapter:DeterminedBackend", order=20, label="Determined AI",
     colour="#047857", settings=DeterminedSettings,
+    strategy_note="comm hooks, local SGD, FSDP",  # its Trainer wraps the model and steps the optimizer itself
     study_overhead=0.21,  # the study: Determined 1.21x DDP's time
     # the report looks modes up exactly: one caveat for one host and for local-<k>-nodes
     mode_caveats={"local": LOCAL_CAVEAT, **{f"local-{k}-nodes": LOCAL_CAVEAT for k in range(2, 65)}},

@@ -130,19 +130,21 @@ class DeterminedBackend(TrainingBackend):
 
     def strategy_refusal(self, strategy: TrainingStrategy, world_size: int) -> str | None:
         """The Trainer wraps the model in its own DDP (``context.wrap_model``) and steps the
-        optimizer itself: no comm hook, local SGD or FSDP can be put in; imbalance strategies
-        (sampler, loss weights) are the trial's own and run."""
+        optimizer itself: no comm hook, local SGD, FSDP or pipeline can be put in; imbalance
+        strategies (sampler, loss weights) are the trial's own and run."""
         reason = super().strategy_refusal(strategy, world_size)
         if reason:
             return reason
         unsupported = [f"{k}={getattr(strategy, k)}" for k, default in
-                       (("comm_hook", "none"), ("sync_every", 1), ("sharding", "ddp"))
+                       (("comm_hook", "none"), ("sync_every", 1), ("sharding", "ddp"),
+                        ("pipeline_microbatches", 0))
                        if getattr(strategy, k) != default]
         if unsupported:
             return (f"strategy {strategy.name!r} on determined: {', '.join(unsupported)} cannot run there: "
                     "det.pytorch.Trainer wraps the model in its own DistributedDataParallel and steps the "
-                    "optimizer itself, so comm hooks, local SGD and FSDP cannot be applied (imbalance "
-                    "strategies can). Drop the strategy or the determined backend from this run")
+                    "optimizer itself, so comm hooks, local SGD, FSDP and a pipeline (each rank its own "
+                    "layers) cannot be applied (imbalance strategies can). Drop the strategy or the "
+                    "determined backend from this run")
         return None
 
     def run(self, config: BenchmarkConfig, world_size: int, *, paths: RunPaths,

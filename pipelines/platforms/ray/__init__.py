@@ -2,6 +2,16 @@
 
 ``adapter.py`` runs a cell on a local Ray cluster, on an existing one (``engines.ray.address``),
 or on a cluster built on the run's hosts (``hosts.py``); ``worker.py`` is the training process.
+A one-host cell's driver (``ray.init`` and ``TorchTrainer``) runs in a process of its own
+(``pipelines.platforms.driver``) in its cluster's network namespace: the run's for the standing
+head, the cell's own for a per-job cluster, this host's for ``engines.ray.address`` (outside one, the
+head's GCS, raylet and workers would listen on every interface).
+
+Signals (``pipelines.measure.signals``): ``ray.init`` replaces SIGTERM's handler with one that exits
+at once, so the driver holds ``RaiseOnceHandlers`` around it; Ray's C++ core wraps an exception a
+handler raised in a ``SystemError`` (``cause_of`` finds it) and ``ray.get`` swallows one, so the
+driver process ends its tree without raising (``end_tree_on_signal``); after ``ray.shutdown()``
+the workers notice their raylet is gone only by polling (``stop_leftovers``).
 """
 
 import json
@@ -57,6 +67,7 @@ _SSH_REFUSAL = ("across SSH machines its head and nodes would need the cluster's
                 "join a Ray cluster of your own (engines.ray.address)")
 _COMMON = dict(settings=None, colour="#7c3aed", distributions=("ray",), features=_FEATURES, ssh_refusal=_SSH_REFUSAL,
                coordinator_note="Ray's head", retries_note="Ray `FailureConfig(max_failures)`",
+               return_agent="Ray's nodes",  # a returning host's `ray start --address=<head>` (hosts.offer_return)
                # "=" : the process's own name; else a part of its command line (a worker's names its raylet)
                process_kinds=(("=raylet", "raylet"), ("=gcs_server", "gcs_server"), ("ray::", "ray_worker"),
                               ("default_worker.py", "ray_worker"), ("/ray/", "ray_other")))

@@ -50,6 +50,7 @@ from pipelines.measure import signals
 from pipelines.platforms import driver
 from pipelines.platforms.contract import provisioning
 from pipelines.platforms.ray import standing
+from pipelines.platforms.ray.logs import job_runtime_env
 from pipelines.platforms.ray.trainer import (cluster_processes, driver_env, elastic_refusal, fit,
                                              local_cluster_options, torch_trainer, worker_env_vars)
 from pipelines.platforms.contract import TrainingBackend
@@ -99,7 +100,7 @@ class RayBackend(TrainingBackend):
         import ray
 
         cfg = spec.config
-        runtime_env = {"env_vars": worker_env_vars()}
+        runtime_env = job_runtime_env(worker_env_vars())
         own = self._own_cluster(cfg)
         # ray.init replaces SIGTERM's handler with one that exits at once: the driver process's own
         # (the whole tree, then exit: signals.end_tree_on_signal) is saved here and put back after it

@@ -52,6 +52,7 @@ from typing import Any
 
 from pipelines.measure import faults, signals
 from pipelines.platforms.ray import trainer
+from pipelines.platforms.ray.logs import job_runtime_env
 from pipelines.platforms.ray.worker import DRIVER_LOG_ENV
 from pipelines.training.cell import CellSpec
 from pipelines.cluster.processes import Tee, free_port_on, stop_tree
@@ -134,7 +135,7 @@ def workers_runtime_env(base: Mapping[str, str] | None = None, ifname: str = HOS
     env = trainer.worker_env_vars(dict(os.environ if base is None else base))
     env.update(GLOO_SOCKET_IFNAME=ifname, TP_SOCKET_IFNAME=ifname, NCCL_SOCKET_IFNAME=ifname)
     env[DRIVER_LOG_ENV] = "1"
-    return {"env_vars": env}
+    return job_runtime_env(env)
 
 
 def _start(host: Any, argv: list[str], env: dict[str, str], log_path: Path, label: str,

@@ -5,35 +5,25 @@ gets its rows through a Spark DataFrame (``spark_dataframe``).
 and TorchDistributor call they share; ``hosts.py``: a standalone cluster built on the run's
 hosts; ``feed.py``: the dataframe feed's training process. The Spark engine itself (session,
 the run's embedded cluster) is ``pipelines.engines``: the data stage uses it too.
+
+A one-host cell's driver (the SparkSession with its JVM) runs in a process of its own
+(``pipelines.platforms.driver``) in its cluster's network namespace: the run's for the embedded
+cluster, the cell's own for local mode or a per-job cluster, this host's for a ``spark://`` URL.
+
+On a cluster master each barrier task runs one torchrun: every rank is local rank 0 of 1, so the
+shared loop leaves those ranks to the OS scheduler instead of pinning them all to one core
+(``pipelines.training.distributed.pin_cpu_cores``; pinned, two executors on one 2-core host took
+1.9x the training time). A rank's placement in the result names the executor it ran in
+(``workdir_placement``: read from the executor's working directory).
 """
 
 import json
 import logging
 
-from pydantic import BaseModel, ConfigDict, field_validator
-
-from pipelines.platforms.fields import deployment
+from pipelines.engines import SparkSettings  # engines.spark: the Spark engine's, which the data stage uses too
 from pipelines.platforms import Platform, register
 
 log = logging.getLogger(__name__)
-
-
-class SparkSettings(BaseModel):
-    """``engines.spark`` (both Spark data feeds): where TorchDistributor's tasks run."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    # "local[*]" (TorchDistributor local mode: torchrun on the driver), "embedded" (a standalone
-    # cluster the run starts and stops: pipelines.engines.spark_cluster) or a cluster URL spark://host:7077
-    master: str = deployment("local[*]", env="BENCHMARK_SPARK_MASTER", flat="spark_master")
-
-    @field_validator("master")
-    @classmethod
-    def _known_master(cls, v: str) -> str:
-        if v == "embedded" or v == "local" or v.startswith(("local[", "spark://", "k8s://", "yarn")):
-            return v
-        raise ValueError("must be local[N|*], embedded (the run's own standalone cluster) or a cluster "
-                         "master URL (spark://host:7077, k8s://..., yarn)")
 
 
 def embedded_cluster_pids(paths) -> list[int]:
@@ -57,9 +47,14 @@ _SSH_REFUSAL = ("across SSH machines its standalone master and workers would sta
                 "to the machines' addresses, without the cluster's authentication secret; until they get a "
                 "per-cell secret and a tracked stop, run it on emulated hosts or on a Spark cluster of your own "
                 "(engines.spark.master=spark://...)")
+# An executor runs in <worker work dir>/<app id>/<executor id>; its Python workers and the torchrun
+# ranks a barrier task starts inherit that working directory: a rank's placement names its executor
+_EXECUTOR_DIR = (r"/(app-\d+-\d+)/(\d+)$", "executor {0}/{1}")
 _COMMON = dict(daemons=embedded_cluster_pids, process_kinds=(("pyspark", "pyspark_worker"),), ssh_refusal=_SSH_REFUSAL,
                distributions=("pyspark",), programs=("java",), features=_FEATURES,
-               coordinator_note="Spark's master", retries_note="Spark `spark.task.maxFailures`")
+               coordinator_note="Spark's master", retries_note="Spark `spark.task.maxFailures`",
+               workdir_placement=_EXECUTOR_DIR,
+               prediction_note="the study's Spark moved data and models through Spark")
 def _remote_ranks(config) -> str | None:  # barrier tasks run torchrun on that cluster's executors
     master = config.engine("spark").master
     return f"engines.spark.master={master}" if master.startswith(("spark://", "k8s://", "yarn")) else None
@@ -78,7 +73,9 @@ _LOCAL = ("TorchDistributor in local mode starts torchrun on the driver: no exec
 PLATFORM = register(Platform(
     name="spark", adapter=f"{__name__}.adapter:SparkBackend", order=10, label="Spark TorchDistributor",
     colour="#c2410c", settings=SparkSettings, study_overhead=1.87,  # the study: Spark 2.87x DDP's time
-    mode_caveats={"local": _LOCAL}, **_COMMON, **_STANDING))
+    mode_caveats={"local": _LOCAL}, **_COMMON, **_STANDING,
+    # Spark as teams deploy it: barrier tasks on a standalone cluster (the data stage uses it too)
+    profile_settings={"nightly": {"master": "embedded"}, "paper": {"master": "embedded"}}))
 PER_JOB = register(Platform(
     name="spark_per_job", adapter=f"{__name__}.adapter:SparkPerJobBackend", order=11,
     label="Spark TorchDistributor, per-job cluster", colour="#fb923c", study_overhead=1.87, variant_of="spark",

@@ -39,7 +39,7 @@ from typing import ClassVar
 from pipelines.platforms.spark import distributor as spark_torch
 from pipelines.platforms.contract import TrainingBackend
 from pipelines.training.cell import CellSpec
-from pipelines.config import BenchmarkConfig, ConfigError
+from pipelines.config import BenchmarkConfig, ConfigError, TrainingStrategy
 from pipelines.platforms.spark.distributor import is_local_master
 from pipelines.runfolder.fileio import atomic_write_json
 from pipelines.runfolder.paths import CellPaths, RunPaths
@@ -150,6 +150,15 @@ class SparkDataFrameBackend(SparkOnHosts, TrainingBackend):
         # on a cluster's hosts the cell brings its own standalone master (pipelines.platforms.spark.hosts)
         refusal = local_master_refusal(config.engine("spark").master) if config.cluster.kind == "local" else None
         return [*([refusal] if refusal else []), *super().preflight(config, cells)]
+
+    def strategy_refusal(self, strategy: TrainingStrategy, world_size: int) -> str | None:
+        """A pipeline's every stage needs the rows of the whole global batch; this feed hands each
+        rank its own partition (the files feed, ``spark``, runs pipelines)."""
+        if strategy.pipeline_microbatches:
+            return (f"strategy {strategy.name!r} on {self.name}: every pipeline stage needs every row of a "
+                    "step's global batch, and the dataframe feed gives each rank its own partition; run it on "
+                    "the files feed (spark)")
+        return super().strategy_refusal(strategy, world_size)
 
     def spec(self, config: BenchmarkConfig, world_size: int, paths: RunPaths, cell: CellPaths,
              repeat: int, strategy: str | None = None) -> CellSpec:

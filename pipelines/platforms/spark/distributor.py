@@ -230,9 +230,9 @@ def platform_fields(spec: CellSpec, hosts: int | None = None) -> dict:
     """A fresh session per cell; ``platform_mode`` local (torchrun on the driver), cluster, or
     cluster-<k>-hosts (a standalone cluster built on ``hosts`` launch hosts: pipelines.platforms.spark.hosts)."""
     if hosts:
-        return {"spark_session": "fresh", "platform_mode": f"cluster-{hosts}-hosts"}
+        return {"platform_session": "fresh", "platform_mode": f"cluster-{hosts}-hosts"}
     local = distributor_settings(spec.config, spec.world_size, cuda=False)["local_mode"]
-    return {"spark_session": "fresh", "platform_mode": "local" if local else "cluster"}
+    return {"platform_session": "fresh", "platform_mode": "local" if local else "cluster"}
 
 
 def versions(launcher: str = "TorchDistributor") -> dict[str, str]:

@@ -1,0 +1,87 @@
+"""The heavy tier's outcome as a table: platform x path (passed / failed / skipped, seconds).
+
+    python bench/heavy_table.py runs/heavy/heavy.xml        # a pytest --junitxml file
+
+A test's platform is the registered platform named by its parameter (``[spark_per_job]``), else by
+its file (``test_ray_elastic.py`` -> ray); "(shared loop)" where none is named. Its path is what it
+checks, read from its name: across hosts, SIGTERM, SIGKILL, host loss, elastic, resume, else "cell".
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import xml.etree.ElementTree as ET
+from collections import defaultdict
+from pathlib import Path
+
+from pipelines import platforms
+
+# (pattern in the test's file or name, path): first match wins
+PATHS = (("sigkill", "SIGKILL"), ("sigterm", "SIGTERM"), ("across_two_emulated_hosts", "across hosts"),
+         ("across_hosts", "across hosts"), ("on_the_cluster", "across hosts"), ("elastic", "elastic"),
+         ("grows_back", "elastic"), ("returned_host", "elastic"), ("loses_a", "host loss"),
+         ("losing", "host loss"), ("host_loss", "host loss"), ("resume", "resume"))
+SHARED = "(shared loop)"
+# files about one platform that do not name it: torchrun's elastic agents are ddp's; the relay
+# platform is the test suite's own, registered by that file (a platform outside the project's folder)
+FILE_PLATFORM = {"test_elastic": "ddp", "test_relay_platform": "relay (test platform)"}
+
+
+def platform_of(classname: str, name: str) -> str:
+    names = sorted(platforms.names(), key=len, reverse=True)  # spark_dataframe before spark
+    param = re.search(r"\[([^\]]+)\]", name)
+    for part in (param.group(1).split("-") if param else []):
+        if part in names:
+            return part
+    stem = classname.rpartition(".")[2]
+    if stem in FILE_PLATFORM:
+        return FILE_PLATFORM[stem]
+    words = f"{stem}_{name.partition('[')[0]}"  # the file, then the test's own name
+    return next((n for n in names if re.search(rf"(^|_){n}s?(_|$)", words)), SHARED)
+
+
+def path_of(classname: str, name: str) -> str:
+    text = f"{classname}.{name}".lower()
+    return next((path for pattern, path in PATHS if pattern in text), "cell")
+
+
+def read(junit: Path) -> list[dict]:
+    out = []
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        classname, name = case.get("classname", ""), case.get("name", "")
+        outcome = "failed" if case.find("failure") is not None or case.find("error") is not None else \
+            "skipped" if case.find("skipped") is not None else "passed"
+        out.append({"test": f"{classname}::{name}", "platform": platform_of(classname, name),
+                     "path": path_of(classname, name), "outcome": outcome, "seconds": float(case.get("time", 0))})
+    return out
+
+
+def table(cases: list[dict]) -> str:
+    cells: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for case in cases:
+        cells[case["platform"], case["path"]].append(case)
+    paths = sorted({c["path"] for c in cases})
+    rows = sorted({c["platform"] for c in cases})
+    lines = ["| platform | " + " | ".join(paths) + " |", "|---" * (len(paths) + 1) + "|"]
+    for platform in rows:
+        row = []
+        for path in paths:
+            here = cells.get((platform, path), [])
+            if not here:
+                row.append("")
+                continue
+            counts = {o: sum(c["outcome"] == o for c in here) for o in ("passed", "failed", "skipped")}
+            text = ", ".join(f"{n} {o}" for o, n in counts.items() if n)
+            row.append(f"{text} ({sum(c['seconds'] for c in here):.0f} s)")
+        lines.append(f"| {platform} | " + " | ".join(row) + " |")
+    total = sum(c["seconds"] for c in cases)
+    failed = [c["test"] for c in cases if c["outcome"] == "failed"]
+    lines.append(f"\n{len(cases)} tests, {total:.0f} s of test time; failed: {', '.join(failed) or 'none'}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    print(table(read(Path(sys.argv[1]))))
