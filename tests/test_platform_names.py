@@ -81,3 +81,60 @@ def test_the_check_sees_a_platform_named_outside_its_package(tmp_path, monkeypat
         assert "pipelines/_stray_platform_name.py" in files_naming(platforms.get("ray"))
     finally:
         stray.unlink()
+
+
+# --- the text guard: identifiers and text, docstrings and messages included -------------------
+# A platform's word (its package's folder name) as a whole word in an identifier (split on "_"), a
+# string, a docstring or a message of a product file outside that package; "#" comments are free.
+# "ddp" is left out: DDP is also torch's DistributedDataParallel, the shared loop's own wrapper,
+# named on purpose across training/ (comm hooks, the sharding mode).
+TEXT_ALLOWED = {
+    ("pipelines/platforms/__init__.py", "spark"): "the registry's docstring and comments: its list and examples",
+    ("pipelines/platforms/__init__.py", "ray"): "the registry's docstring and comments: its list and examples",
+    ("pipelines/platforms/__init__.py", "determined"): "the registry's docstring: its list",
+    ("pipelines/engines/__init__.py", "spark"): "the data stage's Spark engine: its settings (engines.spark)",
+    ("pipelines/engines/spark_cluster.py", "spark"): "the data stage's Spark engine: the embedded cluster",
+    ("pipelines/engines/spark_session.py", "spark"): "the data stage's Spark engine: its sessions",
+    ("pipelines/data/preprocess.py", "spark"): "the data stage tokenizes on the Spark engine (the mission's Spark preprocessing)",
+    ("pipelines/runfolder/paths.py", "spark"): "the run folder's place for the engine's embedded cluster",
+    ("pipelines/runfolder/results.py", "spark"): "reads result.json files written before the field's rename",
+}
+
+
+def _words(path: Path) -> set[str]:
+    import io
+    import re
+    import tokenize
+
+    text = " ".join(t.string for t in tokenize.generate_tokens(io.StringIO(path.read_text()).readline)
+                    if t.type in (tokenize.NAME, tokenize.STRING))
+    return set(re.findall(r"[a-z0-9]+", text.lower().replace("_", " ")))
+
+
+def files_saying(word: str) -> list[str]:
+    own = PROJECT_ROOT / "pipelines" / "platforms" / word
+    return [str(path.relative_to(PROJECT_ROOT)) for folder in PRODUCT
+            for path in sorted((PROJECT_ROOT / folder).rglob("*.py"))
+            if own not in path.parents and word in _words(path)]
+
+
+def _platform_words() -> list[str]:
+    return sorted({p.package.rpartition(".")[2] for p in platforms.all_platforms() if platforms.is_builtin(p)} - {"ddp"})
+
+
+def test_no_product_text_outside_a_platforms_package_names_it():
+    found = {word: [f for f in files_saying(word) if (f, word) not in TEXT_ALLOWED] for word in _platform_words()}
+    assert found == {word: [] for word in found}
+    unused = [key for key in TEXT_ALLOWED if key[0] not in files_saying(key[1])]
+    assert unused == [], "allow-list entries no file needs any more: remove them"
+
+
+def test_the_text_guard_sees_a_docstring_and_an_identifier():
+    stray = PROJECT_ROOT / "pipelines" / "_stray_platform_text.py"
+    stray.write_text('"""Restarts like Ray\'s nodes."""\n\nspark_master_url = None  # a determined comment is free\n')
+    try:
+        assert "pipelines/_stray_platform_text.py" in files_saying("ray")
+        assert "pipelines/_stray_platform_text.py" in files_saying("spark")
+        assert "pipelines/_stray_platform_text.py" not in files_saying("determined")
+    finally:
+        stray.unlink()

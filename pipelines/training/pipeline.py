@@ -53,7 +53,7 @@ Refused (``TrainingStrategy.pipeline_refusal``; before the run where the config 
 else here with the same words): FSDP, comm hooks, local SGD (the config); one worker (nothing to
 split); more workers than encoder layers (one stage per worker, a layer at least per stage); a
 global batch that does not divide into the microbatches; a launcher that replaced the loop's
-loader (the Spark dataframe feed gives each rank its own rows).
+loader (a platform whose feed gives each rank only its own rows refuses the strategy).
 """
 
 from __future__ import annotations

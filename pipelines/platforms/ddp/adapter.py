@@ -44,8 +44,8 @@ on, and only the project's retry recovers the cell. The rendezvous, not the host
 nodes, so rank 0 may run on any host (it writes the result into the shared cell folder).
 
 The command, environment and execution come from ``pipelines.platforms.torchrun`` (torchrun's command
-line, the ranks' environment, teeing the output to ``<cell>/train.log``), which the
-Determined backend uses too with its own entry module.
+line, the ranks' environment, teeing the output to ``<cell>/train.log``), which other platforms that
+start ranks with torchrun use too, each with its own entry module.
 """
 
 from __future__ import annotations

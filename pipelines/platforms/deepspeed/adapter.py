@@ -125,7 +125,7 @@ class DeepSpeedBackend(TrainingBackend):
         if strategy.pipeline_microbatches:
             return (f"strategy {strategy.name!r} on deepspeed: DeepSpeed's engine runs the whole model's forward "
                     "and backward on every rank (its own pipeline engine, deepspeed.pipe, is not wired in); "
-                    "run pipeline cells on the platforms of the shared loop (ddp, spark, ray)")
+                    "run pipeline cells on a platform that runs the shared loop with its own wrapper")
         return super().strategy_refusal(strategy, world_size)
 
     def launch(self, spec: CellSpec, launch_time: float) -> None:
