@@ -269,13 +269,7 @@ class Pipelined:
 
     def final_model(self, model: nn.Module, rebuild: Callable[[], nn.Module]) -> nn.Module:
         """The whole model on rank 0 (every stage's weights gathered; call on every rank)."""
-        full = self.full_model_state(model)
-        if not self.env.is_main:
-            return model
-        model = rebuild()
-        model.load_state_dict(full)
-        model.to(self.env.device)
-        return model
+        return strategies.whole_model_on_main(model, self.full_model_state(model), rebuild, self.env)
 
     @property
     def comm_bytes_per_step(self) -> float | None:

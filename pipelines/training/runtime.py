@@ -160,13 +160,7 @@ class Sharded(Replicated):
 
     def final_model(self, model: torch.nn.Module, rebuild: Callable[[], torch.nn.Module]) -> torch.nn.Module:
         """One unsharded copy on rank 0 (the full state dict is a collective: every rank)."""
-        full = strategies.full_model_state(model, sharded=True)
-        if not self.env.is_main:
-            return model
-        model = rebuild()
-        model.load_state_dict(full)
-        model.to(self.env.device)
-        return model
+        return strategies.whole_model_on_main(model, strategies.full_model_state(model, sharded=True), rebuild, self.env)
 
 
 def runtime_for(strategy: TrainingStrategy, distributed: TorchDistributed, env: DistEnv,

@@ -242,6 +242,16 @@ def full_model_state(model: torch.nn.Module, sharded: bool) -> dict:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
+def whole_model_on_main(model: torch.nn.Module, full: dict, rebuild, env) -> torch.nn.Module:
+    """Rank 0: a fresh model (``rebuild()``) holding the gathered ``full`` state, on its device;
+    every other rank keeps ``model`` (the final test and the export run on rank 0 alone)."""
+    if not env.is_main:
+        return model
+    whole = rebuild()
+    whole.load_state_dict(full)
+    whole.to(env.device)
+    return whole
+
 def load_optimizer_state(model: torch.nn.Module, optimizer, state: dict, sharded: bool) -> None:
     """Load a checkpoint's optimizer state (full, as ``full_state_dicts`` wrote it)."""
     if not sharded:

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 from pathlib import Path
 
@@ -52,6 +51,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from pipelines.config import STRATEGY_PATTERN, TrainingStrategy, parse_strategy
+from tests.training.test_strategy_parity import _free_port, _train_loss  # the same two-rank harness
 
 WORLD = 2
 SEQ_LEN, TRAIN_PER_CLASS, BATCH = 32, 32, 8  # 64 rows; global batch 16, 4 steps an epoch
@@ -208,23 +208,6 @@ def _aggregate(cls, strategy):
 
 
 # --- two gloo ranks against DDP ------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _train_loss(wrapped, runtime, train_set, env) -> float:
-    """Mean cross-entropy over every train row once (eval mode; the rows split over the ranks)."""
-    from pipelines.training.distributed import all_reduce_sum
-    from pipelines.training.steps import eval_loader, evaluate
-
-    loss_sum, _, count, _, _ = evaluate(wrapped, eval_loader(train_set, BATCH, env), env.device,
-                                        pad_to_batches=runtime.eval_batches(len(train_set), BATCH))
-    loss_sum, count = all_reduce_sum([loss_sum, count], env)
-    return loss_sum / count
-
-
 def _structure(model_state: dict, optimizer_state: dict) -> dict:
     """What a checkpoint looks like: model keys and shapes, optimizer ids, groups and state shapes."""
     return {"model": {k: list(v.shape) for k, v in model_state.items()},
