@@ -134,6 +134,9 @@ def _rank_main(rank: int, world: int, port: int, stage: int, out_dir: str) -> No
                 path.symlink_to(outside)
         dist.barrier()
         out["linked_out"] = _load_outcome(_attached(stage, checkpoints, seed=2), state)
+        # both ranks past their last load before either tears gloo down: a rank leaving while its
+        # peer is still in the load's collectives aborts the peer ("terminate called", SIGABRT)
+        dist.barrier()
     finally:
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(out))
         dist.destroy_process_group()
