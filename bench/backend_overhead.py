@@ -202,7 +202,7 @@ def main() -> None:
         platforms.check_name(backend)  # an unknown path or backend fails here, before anything runs
     cluster_url = None
     if any(o.get("spark_master") == "<cluster>" for _, o in plans.values()):
-        from pipelines.engines import spark_cluster
+        from pipelines.engines.spark import cluster as spark_cluster
 
         cluster_url = spark_cluster.start(paths, workers=args.workers)  # stopped in the finally below
     try:

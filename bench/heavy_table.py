@@ -3,8 +3,9 @@
     python bench/heavy_table.py runs/heavy/heavy.xml        # a pytest --junitxml file
 
 A test's platform is the registered platform named by its parameter (``[spark_per_job]``), else by
-its file (``test_ray_elastic.py`` -> ray); "(shared loop)" where none is named. Its path is what it
-checks, read from its name: across hosts, SIGTERM, SIGKILL, host loss, elastic, resume, else "cell".
+its file (``test_ray_elastic.py`` -> ray), else by its folder (``tests/platforms/ddp/`` -> ddp);
+"(shared loop)" where none is named. Its path is what it checks, read from its name: across hosts,
+SIGTERM, SIGKILL, host loss, elastic, resume, else "cell".
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ PATHS = (("sigkill", "SIGKILL"), ("sigterm", "SIGTERM"), ("across_two_emulated_h
          ("grows_back", "elastic"), ("returned_host", "elastic"), ("loses_a", "host loss"),
          ("losing", "host loss"), ("host_loss", "host loss"), ("resume", "resume"))
 SHARED = "(shared loop)"
-# files about one platform that do not name it: torchrun's elastic agents are ddp's; the relay
-# platform is the test suite's own, registered by that file (a platform outside the project's folder)
-FILE_PLATFORM = {"test_elastic": "ddp", "test_relay_platform": "relay (test platform)"}
+# files about one platform that neither name it nor sit in its tests/platforms/<name>/ folder: the
+# relay platform is the test suite's own, registered by that file (a platform outside the project's folder)
+FILE_PLATFORM = {"test_relay_platform": "relay (test platform)"}
 
 
 def platform_of(classname: str, name: str) -> str:
@@ -38,7 +39,9 @@ def platform_of(classname: str, name: str) -> str:
     if stem in FILE_PLATFORM:
         return FILE_PLATFORM[stem]
     words = f"{stem}_{name.partition('[')[0]}"  # the file, then the test's own name
-    return next((n for n in names if re.search(rf"(^|_){n}s?(_|$)", words)), SHARED)
+    named = next((n for n in names if re.search(rf"(^|_){n}s?(_|$)", words)), None)
+    folder = re.search(r"(?:^|\.)platforms\.(\w+)\.", classname)  # tests.platforms.ddp.test_elastic
+    return named or (folder.group(1) if folder and folder.group(1) in names else SHARED)
 
 
 def path_of(classname: str, name: str) -> str:

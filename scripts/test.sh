@@ -14,7 +14,7 @@ cd "$ROOT"
 bash scripts/system_deps.sh
 bash scripts/bootstrap.sh
 bash scripts/services.sh
-bash scripts/compose_plugin.sh  # tests/test_compose.py: `docker compose config`
+bash scripts/compose_plugin.sh  # tests/compose/test_compose.py: `docker compose config`
 # shellcheck disable=SC1091
 source scripts/airflow_env.sh
 # Lint: undefined names, unused imports, syntax errors, Airflow 3 migration rules (AIR3).

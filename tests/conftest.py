@@ -29,8 +29,9 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 # node id (a whole id, or one that the skipped id continues with "::" or "[") ->
 #     (text the skip's reason contains, why CI accepts the skip)
 ALLOWED_SKIPS: dict[str, tuple[str, str]] = {
-    "tests/test_gpu_check.py::test_captured_whole_step_matches_the_loop_step_on_cuda": (
-        "needs CUDA", "CI machines have no GPU; on a GPU host: pytest tests/test_gpu_check.py -k cuda"),
+    "tests/training/test_gpu_check.py::test_captured_whole_step_matches_the_loop_step_on_cuda": (
+        "needs CUDA",
+        "CI machines have no GPU; on a GPU host: pytest tests/training/test_gpu_check.py -k cuda"),
     "tests/compose/test_stack.py": (
         "BENCHMARK_COMPOSE_E2E is not 1", "the caller turned the compose stack e2e off (BENCHMARK_COMPOSE_E2E=0)"),
 }
@@ -94,7 +95,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 # `slow` marks every test that trains or starts an engine, so that -m "not slow" is the fast tier.
 # A test without it that starts an engine process itself (or through a fixture) fails, naming the
 # command. Seen: what this interpreter spawns (subprocess, os.posix_spawn, os.exec*), not what
-# its children spawn, nor training in-process (tests/backends/test_loop_seam.py: marked by hand).
+# its children spawn, nor training in-process (tests/platforms/test_loop_seam.py: marked by hand).
 _ENGINE_PROGRAMS = {"torchrun", "java", "spark-submit", "spark-class", "ray", "raylet", "gcs_server", "det",
                     "deepspeed", "airflow", "celery", "dockerd", "containerd", "chromium", "chrome", "headless_shell"}
 _ENGINE_MODULES = ("torch.distributed.run", "torch.distributed.launch", "determined.launch", "deepspeed.launcher",
@@ -183,11 +184,11 @@ def _no_spark_jvm_left_by_a_module(request):
     from pyspark import SparkContext
 
     if SparkContext._gateway is not None:
-        from pipelines.engines.spark_session import stop_spark
+        from pipelines.engines.spark.session import stop_spark
 
         stop_spark(jvm=True)  # end it: the next module starts clean
         pytest.fail(f"{request.node.nodeid} leaves py4j's gateway JVM running: stop its SparkSession with "
-                    "pipelines.engines.spark_session.stop_spark(jvm=True)", pytrace=False)
+                    "pipelines.engines.spark.session.stop_spark(jvm=True)", pytrace=False)
 
 
 @pytest.fixture(autouse=True)

@@ -5,7 +5,7 @@ result.json per cell (CellResult, shaped by tests/synthetic_results.make_result)
 real ``evaluate_run`` writes report/summary.json and the real ``pipelines.tracking.regression.compare``
 judges it against the previous good night (the baseline ``find_baseline`` would pick in
 MLflow); report/regression.json, mlflow.json and airflow.json get the layout their writers use.
-Used by tests/test_trends.py, the browser test and bench/webview_page.py.
+Used by tests/web/test_trends.py, the browser test and bench/webview_page.py.
 
     write_history(root, nights=200)    # ~200 folders, Spark's overhead creeping up night by night
 """

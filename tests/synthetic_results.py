@@ -2,7 +2,7 @@
 
 Unit tests of those mechanics need many cells with controlled values (slower, less accurate,
 failed); the values are shaped like real results (times from shared/notes/engines.md). The
-real training path is tested with real runs in tests/backends and tests/airflow.
+real training path is tested with real runs in tests/platforms and tests/airflow.
 """
 
 from __future__ import annotations

@@ -35,3 +35,23 @@ def test_functions_stay_short():
 
 def test_the_dag_file_only_wires():
     assert len((PROJECT_ROOT / "dags" / "imdb_benchmark.py").read_text().splitlines()) <= DAG_LINES
+
+
+ARCHITECTURE_GUARDS = {"test_imports.py", "test_platform_names.py", "test_code_shape.py", "test_conftest_gates.py"}
+
+
+def test_the_test_tree_mirrors_the_package():
+    """tests/<package>/ for each package of pipelines/, tests/platforms/<platform>/ for each platform;
+    at the top of tests/ only conftest.py, helpers and the architecture guards."""
+    tests = PROJECT_ROOT / "tests"
+    assert sorted(p.name for p in tests.glob("test_*.py") if p.name not in ARCHITECTURE_GUARDS) == []
+
+    def packages(folder):
+        return sorted(p.name for p in folder.iterdir() if (p / "__init__.py").exists())
+
+    untested = [name for name in packages(PROJECT_ROOT / "pipelines") if not any((tests / name).rglob("test_*.py"))]
+    untested += [f"platforms/{name}" for name in packages(PROJECT_ROOT / "pipelines" / "platforms")
+                 if not any((tests / "platforms" / name).rglob("test_*.py"))]
+    untested += [f"engines/{name}" for name in packages(PROJECT_ROOT / "pipelines" / "engines")
+                 if not any((tests / "engines" / name).rglob("test_*.py"))]
+    assert untested == []

@@ -33,7 +33,9 @@ def _pytest(tmp_path: Path, ci: str | None, *files: tuple[str, str]) -> subproce
     (tmp_path / "tests").mkdir(exist_ok=True)
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    slow: trains or starts engines\n")
     for name, text in files:
-        (tmp_path / "tests" / name).write_text(text)
+        path = tmp_path / "tests" / name  # a name may have a folder: "training/test_x.py"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
     env = {k: v for k, v in os.environ.items() if k not in ("CI", "PYTEST_ADDOPTS")}
     env["PYTHONPATH"] = str(PROJECT_ROOT)
     if ci is not None:
@@ -44,15 +46,17 @@ def _pytest(tmp_path: Path, ci: str | None, *files: tuple[str, str]) -> subproce
 
 
 def test_under_ci_a_skip_off_the_list_fails_the_run_and_listed_ones_say_why(tmp_path):
-    done = _pytest(tmp_path, "true", ("test_gpu_check.py", CASES))
+    done = _pytest(tmp_path, "true", ("training/test_gpu_check.py", CASES))
     out = done.stdout
     assert done.returncode == 1, out + done.stderr
     assert "1 passed, 3 skipped" in out
     assert "CI=true: 1 allow-listed skips" in out
-    assert ("SKIPPED tests/test_gpu_check.py::test_captured_whole_step_matches_the_loop_step_on_cuda: "
+    assert ("SKIPPED tests/training/test_gpu_check.py::"
+            "test_captured_whole_step_matches_the_loop_step_on_cuda: "
             "needs CUDA (graph capture) -- accepted: CI machines have no GPU") in out
     assert "CI=true: 2 skips not on the allow-list: the run fails" in out
-    assert "SKIPPED tests/test_gpu_check.py::test_a_skip_ci_must_not_accept: node is not installed" in out
+    assert ("SKIPPED tests/training/test_gpu_check.py::test_a_skip_ci_must_not_accept: "
+            "node is not installed") in out
     assert "test_the_right_reason_on_the_wrong_test: needs CUDA, but" in out
 
 
@@ -65,7 +69,7 @@ def test_under_ci_a_module_skipped_at_collection_fails_the_run(tmp_path):
 
 
 def test_without_ci_skips_stay_skips(tmp_path):
-    done = _pytest(tmp_path, None, ("test_gpu_check.py", CASES))
+    done = _pytest(tmp_path, None, ("training/test_gpu_check.py", CASES))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 passed, 3 skipped" in done.stdout and "CI=true" not in done.stdout
 

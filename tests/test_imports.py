@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import platforms
+from pipelines import engines, platforms
 from pipelines.runfolder.paths import PROJECT_ROOT
 
 PACKAGE = PROJECT_ROOT / "pipelines"
@@ -29,7 +29,9 @@ def dynamic_imports() -> dict[str, list[str]]:
         "pipelines.platforms": [f"pipelines.platforms.{name}" for name in platforms.BUILTIN] + platforms.plugin_modules(),
         "pipelines.run.cells": [p.adapter.partition(":")[0] for p in platforms.all_platforms()],  # adapters
         "pipelines.run.driver": [p.adapter.partition(":")[0] for p in platforms.all_platforms()],  # a driver's
-        "pipelines.run.services": [s.partition(":")[0] for p in platforms.all_platforms() for s in p.services],
+        "pipelines.engines": [f"pipelines.engines.{name}" for name in engines.ENGINES],  # their declarations
+        "pipelines.run.services": [s.partition(":")[0] for s in engines.services()] +
+                                  [s.partition(":")[0] for p in platforms.all_platforms() for s in p.services],
         "pipelines.training.cell": [p.package for p in platforms.all_platforms() if not platforms.is_builtin(p)],
         "pipelines.training.loop": [],  # PIPELINES_EPOCH_END_HOOK: a test's or a user's module, never ours
     }
@@ -142,9 +144,9 @@ def test_a_cycle_through_importlib_is_found(tmp_path):
 
 # The layers, bottom first: a module imports its own layer and those below it, never one above.
 # "registry": pipelines.platforms itself, its fields and each platform's declaration (its package's
-# __init__), and the engines' settings declarations (pipelines.engines' __init__: a platform on an
-# engine declares the engine's model); the adapters, the engines and the rest of pipelines/platforms/
-# sit with training.
+# __init__), and pipelines.engines with each engine's declaration (its package's __init__: settings
+# and service; a platform on an engine declares the engine's model); the adapters, the engines'
+# modules and the rest of pipelines/platforms/ sit with training.
 LAYERS = ({"registry", "config", "runfolder"},
           {"training", "platforms", "measure", "cluster", "data", "engines", "whatif"},
           {"evaluation"},
@@ -161,7 +163,7 @@ def layer_of(module: str) -> int | None:
     if group == "platforms" and (len(parts) == 2 or parts[2] == "fields" or
                                  (len(parts) == 3 and parts[2] in platforms.BUILTIN)):
         group = "registry"
-    if module == "pipelines.engines":
+    if group == "engines" and (len(parts) == 2 or (len(parts) == 3 and parts[2] in engines.ENGINES)):
         group = "registry"
     found = [k for k, layer in enumerate(LAYERS) if group in layer]
     assert found or group == "__main__", f"{module}: its folder {group!r} is in no layer of LAYERS"
@@ -253,9 +255,9 @@ def test_the_registry_imports_nothing_else_of_the_project():
     """The Platform records and their declarations (stdlib and pydantic only): everything may read them,
     and reading them loads no adapter, engine or config (the cycle an adapter -> config -> registry made)."""
     graph = import_graph()
-    registry = {m for m in graph if layer_of(m) == 0 and (m in ("pipelines.platforms", "pipelines.engines")
-                                                          or m.startswith("pipelines.platforms."))}
-    assert registry >= {"pipelines.platforms", "pipelines.platforms.fields", "pipelines.platforms.ddp"}
+    registry = {m for m in graph if layer_of(m) == 0 and m.startswith(("pipelines.platforms", "pipelines.engines"))}
+    assert registry >= {"pipelines.platforms", "pipelines.platforms.fields", "pipelines.platforms.ddp",
+                        "pipelines.engines", "pipelines.engines.spark"}
     assert {m: sorted(graph[m] - registry) for m in sorted(registry) if graph[m] - registry} == {}
 
 

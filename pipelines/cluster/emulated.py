@@ -35,7 +35,6 @@ from pipelines.config.links import MAX_RATE, MIN_RATE, NetworkSpec  # noqa: F401
 from pipelines.cluster.leftovers import (CGROUP_ROOT, CONTROLLERS, _cgroup_pids, _cmd, _netns_pids, kill_pids,
                                          list_netns, owner_prefix, remove_netns_and_cgroups, sweep)
 # still importable from here until pipelines.platforms.ray.standing imports it from leftovers
-from pipelines.cluster.leftovers import process_start  # noqa: F401
 
 PROC_CGROUP = Path("/proc/self/cgroup")  # this process's cgroups, one line per hierarchy
 SUBNET = "10.213.0"  # /24; only ever configured inside this code's own namespaces

@@ -38,9 +38,9 @@ from pipelines.data.manifest import SNAPSHOT_SPLITS
 from pipelines.data.validate import require_valid_snapshot
 from pipelines.runfolder.paths import RunPaths
 from pipelines.runfolder.fileio import is_stale_temp, writer_tag
-from pipelines.engines import spark_cluster
-from pipelines.engines.spark_cluster import master_url
-from pipelines.engines.spark_session import get_spark, session_running, stop_spark
+from pipelines.engines.spark import cluster as spark_cluster
+from pipelines.engines.spark.cluster import master_url
+from pipelines.engines.spark.session import get_spark, session_running, stop_spark
 
 log = logging.getLogger(__name__)
 

@@ -1,45 +1,35 @@
-"""The data stage's engines and their settings (``engines.<name>`` in the config).
+"""The data stage's engines, one package each (``pipelines/engines/<name>/``), and their settings
+(``engines.<name>`` in the config).
 
-An engine is what the data stage runs on (``spark_session.py``: the session, ``spark_cluster.py``:
-the run's embedded standalone cluster); a platform that trains on the same engine declares the
-engine's settings model as its own (``Platform.settings``), so the engine, not the platform, owns
-them: the data stage keeps working whatever platforms are installed.
+An engine is what the data stage runs on; its package's ``__init__`` declares, in plain pydantic,
+``Settings`` (the model of ``engines.<name>``) and, where the engine runs a cluster of its own for
+the run, ``SERVICE`` (``"module:attr"`` of it: ``pipelines.run.services`` starts it at set-up and
+stops it before a cell that does not use it). A platform that trains on the same engine declares
+the engine's model as its own settings (``Platform.settings``) and lists the engine's service
+among its own, so the engine, not the platform, owns them: the data stage keeps working whatever
+platforms are installed.
 
-This module declares the settings only, in plain pydantic: it imports nothing of the project, so
-the config (which validates ``engines.<name>``) and the platform declarations (which name the
-model) both read it without importing an engine, and the registry's loading of those declarations
-makes no cycle through it.
+This module only finds the packages (as the registry finds the platforms'): it names no engine,
+and loading the declarations imports no engine, so the config (which validates ``engines.<name>``)
+and the platform declarations (which name the models) both read them without a cycle.
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+import importlib
+import pkgutil
+from types import ModuleType
 
-EMBEDDED = "embedded"  # the master value that asks for the run's own cluster (spark_cluster)
+from pydantic import BaseModel
 
-
-class SparkSettings(BaseModel):
-    """``engines.spark``: where the Spark engine runs, for the data stage and for the platforms
-    that train on it (their TorchDistributor tasks)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    # "local[*]" (one JVM on this machine: TorchDistributor's local mode runs torchrun on the driver),
-    # "embedded" (a standalone cluster the run starts and stops: pipelines.engines.spark_cluster) or a
-    # cluster URL spark://host:7077
-    # a deployment field, marked as pipelines.platforms.fields.deployment marks one (set by the host's
-    # BENCHMARK_SPARK_MASTER, never by a trigger; flat name spark_master)
-    master: str = Field("local[*]", json_schema_extra={"deployment": True, "env": "BENCHMARK_SPARK_MASTER",
-                                                        "flat": "spark_master"})
-
-    @field_validator("master")
-    @classmethod
-    def _known_master(cls, v: str) -> str:
-        if v == EMBEDDED or v == "local" or v.startswith(("local[", "spark://", "k8s://", "yarn")):
-            return v
-        raise ValueError("must be local[N|*], embedded (the run's own standalone cluster) or a cluster "
-                         "master URL (spark://host:7077, k8s://..., yarn)")
-
-
+# engine name -> its declaration (the package's __init__: settings and service only)
+ENGINES: dict[str, ModuleType] = {
+    found.name: importlib.import_module(f"{__name__}.{found.name}")
+    for found in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name) if found.ispkg}
 # engine name -> its settings model: the config's ``engines.<name>`` entries besides the platforms' own
-ENGINE_SETTINGS: dict[str, type[BaseModel]] = {"spark": SparkSettings}
+ENGINE_SETTINGS: dict[str, type[BaseModel]] = {name: module.Settings for name, module in ENGINES.items()}
+
+
+def services() -> tuple[str, ...]:
+    """``"module:attr"`` of every engine's run service (the data stage uses it: started at set-up)."""
+    return tuple(module.SERVICE for module in ENGINES.values() if getattr(module, "SERVICE", None))

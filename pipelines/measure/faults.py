@@ -90,7 +90,7 @@ def _kill_host(host, rounds: int = 20) -> list[int]:
 
 
 # what the training loop writes (pipelines.training.checkpoint: PATTERN, WORLD_SIZES), read here
-# without importing torch (the adapters import this module; tests/backends/test_launch.py)
+# without importing torch (the adapters import this module; tests/platforms/test_launch.py)
 CHECKPOINTS = "epoch-*.pt"
 WORLD_SIZES = "world_sizes.json"
 

@@ -121,6 +121,9 @@ class Platform:
     # what the report's prediction on the study's cluster (pipelines.report.whatif) leaves out of this
     # platform beyond the shared training loop, in words ("": nothing to say)
     prediction_note: str = ""
+    # a result field it stored under an older name -> the field now ({}: none); result.json files of
+    # old run folders still read (pipelines.runfolder.results), e.g. a session field once its own
+    result_renames: Mapping[str, str] = field(default_factory=dict)
     package: str = ""  # the module that declared it (set by register): workers import it by name
 
     def __post_init__(self) -> None:
@@ -234,6 +237,11 @@ def check_name(value: Any) -> str:
 def styles() -> dict[str, dict[str, str]]:
     """Label and colour of every platform: plots, the report and the Benchmarks page use these."""
     return {p.name: {"label": p.label, "colour": p.colour} for p in all_platforms()}
+
+
+def result_renames() -> dict[str, str]:
+    """Old result field -> the field now, of every platform (``Platform.result_renames``)."""
+    return {old: new for p in all_platforms() for old, new in p.result_renames.items()}
 
 
 def process_kind_rules() -> list[tuple[str, str]]:

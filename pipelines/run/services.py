@@ -1,7 +1,8 @@
 """The run's services: clusters the platforms keep standing (``Platform.services``), started and
 stopped by the run, never inside a cell's timed window, and never alive beside another cell.
 
-A service is an object named ``"module:attr"`` in a platform's declaration, with ``name``,
+A service is an object named ``"module:attr"`` in an engine's declaration (``pipelines.engines``:
+the data stage's, whatever platforms are installed) or a platform's, with ``name``,
 ``at_setup(config)`` (started by the DAG's ``start_services`` task and the CLI before the data
 stage: e.g. an engine's embedded cluster, which the data stage uses too), ``wanted(config)`` (a
 standing cell of its platform uses it in this run), ``running(paths)``,
@@ -21,7 +22,7 @@ import logging
 import time
 from typing import Any
 
-from pipelines import platforms
+from pipelines import engines, platforms
 from pipelines.config import BenchmarkConfig
 from pipelines.runfolder.fileio import atomic_write_json
 from pipelines.runfolder.paths import RunPaths
@@ -31,13 +32,13 @@ log = logging.getLogger(__name__)
 
 
 def declared() -> dict[str, Any]:
-    """"module:attr" -> service, of every registered platform, once each, in registry order."""
+    """"module:attr" -> service, of every engine, then every registered platform (registry order),
+    once each."""
     out: dict[str, Any] = {}
-    for platform in platforms.all_platforms():
-        for target in platform.services:
-            if target not in out:
-                module, _, attr = target.partition(":")
-                out[target] = getattr(importlib.import_module(module), attr)
+    for target in (*engines.services(), *(t for platform in platforms.all_platforms() for t in platform.services)):
+        if target not in out:
+            module, _, attr = target.partition(":")
+            out[target] = getattr(importlib.import_module(module), attr)
     return out
 
 

@@ -36,7 +36,7 @@ FOREIGN_STALE_S = 86400.0  # a temp file of another pid namespace is left alone 
 
 def _process_start(pid: int) -> int | None:
     """A process's start in clock ticks after boot (/proc/<pid>/stat field 22); None if it is gone.
-    (A copy of pipelines.cluster.emulated.process_start: this module sits below the cluster.)"""
+    (A copy of pipelines.cluster.leftovers.process_start: this module sits below the cluster.)"""
     try:
         data = Path(f"/proc/{pid}/stat").read_bytes()
         return int(data[data.rindex(b")") + 2:].split()[19])

@@ -178,13 +178,11 @@ class RunPaths:
     def cells(self) -> Path:
         return self.root / "cells"
 
-    @property
-    def spark_cluster(self) -> Path:  # the embedded Spark cluster's logs and work dirs
-        return self.root / "spark-cluster"
+    def engine_cluster(self, engine: str) -> Path:  # an engine's embedded cluster: its logs and work dirs
+        return self.root / f"{engine}-cluster"
 
-    @property
-    def spark_cluster_info(self) -> Path:  # {url, pids, started} while it runs (pipelines.engines.spark_cluster)
-        return self.spark_cluster / "cluster.json"
+    def engine_cluster_info(self, engine: str) -> Path:  # {url, daemons, started, ...} while it runs
+        return self.engine_cluster(engine) / "cluster.json"
 
     def cell(self, backend: str, workers: int, repeat: int, strategy: str = DEFAULT_STRATEGY,
              network: str = DEFAULT_NETWORK) -> CellPaths:

@@ -9,11 +9,11 @@ thing everywhere (see that module for the definition of each phase).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-
+from pipelines import platforms
 from pipelines.runfolder.fileio import atomic_write_text
 
 
@@ -242,8 +242,8 @@ class CellResult(BaseModel):
     placements: list[str] = Field(default_factory=list)  # per rank: host [+ " executor <app>/<id>"]
     # how the platform's driver session (a library's session object, where its adapter has one) was
     # started: "fresh" (started for this cell, stopped after it); None: it has none. Results written
-    # before the field was neutral call it spark_session
-    platform_session: str | None = Field(None, validation_alias=AliasChoices("platform_session", "spark_session"))
+    # before the field was neutral call it by the platform's word (Platform.result_renames)
+    platform_session: str | None = None
     # how the platform ran (TrainingBackend.platform_fields): ddp "torchrun" / "torchrun-<k>-nodes";
     # spark "local" (torchrun on the driver) / "cluster" (barrier tasks on executors);
     # determined "local" (Trainer in-process) / "master" (experiment on a Determined master)
@@ -269,6 +269,17 @@ class CellResult(BaseModel):
     resources: ResourceUsage | None = None
     versions: dict[str, str] = Field(default_factory=dict)  # torch, transformers, backend lib
     host: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_fields(cls, data: Any) -> Any:
+        """A result written before a field's rename: its old name, declared by the platform that
+        stored it (``Platform.result_renames``), reads as the field now; a value under the new name wins."""
+        if isinstance(data, dict) and (renames := {k: v for k, v in platforms.result_renames().items() if k in data}):
+            data = dict(data)
+            for old, new in renames.items():
+                data.setdefault(new, data.pop(old))
+        return data
 
     def write(self, path: Path) -> None:
         atomic_write_text(path, self.model_dump_json(indent=2))

@@ -15,7 +15,7 @@
 //   (with its band). The charts are kept in window.benchmarkCharts (metric id -> Chart).
 // Text from run folders (errors, run ids, labels) only reaches the DOM as text or canvas
 // drawing: nothing here writes HTML (no innerHTML / insertAdjacentHTML / document.write).
-// Under node (`require`), the file only exports relayTarget (tests/test_webview.py).
+// Under node (`require`), the file only exports relayTarget (tests/web/test_webview.py).
 (function () {
   "use strict";
 

@@ -335,7 +335,7 @@ def test_dags_test_runs_the_whole_benchmark(airflow_home, tmp_path, imdb_dir, be
     conf = {"profile": "smoke", "backends": ["ddp", "spark", "determined", "ray"], "worker_counts": [1],
             "epochs": 2, "train_samples": 160, "test_samples": 80, "max_seq_len": 32}
     # the ddp cell fails its first 2 tries (at the end of epoch 1, then of epoch 2): matrix.cell_retries (2) retries it, as the CLI does
-    # (tests/test_cli.py::test_a_failing_cell_is_retried_cell_retries_times)
+    # (tests/run/test_cli.py::test_a_failing_cell_is_retried_cell_retries_times)
     faults = fault_injection.fail_env(2, PROJECT_ROOT, cell="ddp-w1-r0")
     done = _dags_test({**_deployment(env, out, imdb_dir, bert_tiny_dir), **faults}, conf)
     (tmp_path / "dags_test.log").write_text(done.stdout + done.stderr)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.cluster import isolation, netns
-from pipelines.engines import spark_cluster
+from pipelines.engines.spark import cluster as spark_cluster
 from pipelines.run.cells import run_cell
 from pipelines.runfolder.paths import RunPaths
 from pipelines.runfolder.results import CellResult
@@ -82,7 +82,7 @@ def test_the_runs_namespace_and_its_spark_cluster_are_refused_without_nsenter(tm
     config = make_config(spark_master="embedded")
     with pytest.raises(isolation.NotIsolated, match="nsenter not installed.*allow_unisolated_cells"):
         spark_cluster.EMBEDDED_SERVICE.start(paths, config)  # before any JVM starts
-    assert not paths.spark_cluster_info.exists() and netns.run_state(paths) is None
+    assert not paths.engine_cluster_info("spark").exists() and netns.run_state(paths) is None
     with isolation.isolating(allow_unisolated=True) as placed:  # a cell that allows it: this host's, said so
         where = netns.ensure_run(paths)
     assert (where.kind, where.prefix, where.isolation) == ("host", (), isolation.NONE)

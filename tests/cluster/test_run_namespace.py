@@ -1,8 +1,8 @@
 """The run's network namespace (``pipelines.cluster.netns``): what the run keeps standing on this host
 and the drivers that use it share one loopback, which nothing outside reaches; stopping it stops
 everything in it, and a signal only ever goes to a process proven to be the holder or in its namespace.
-Real namespaces, real processes (the standing clusters in it: tests/backends/test_lifetimes.py,
-test_spark_dataframe.py)."""
+Real namespaces, real processes (the standing clusters in it: tests/platforms/test_lifetimes.py,
+spark/test_spark_dataframe.py)."""
 
 from __future__ import annotations
 

@@ -338,7 +338,7 @@ def main() -> int:
         lines.append(f"pool {POOL}: {pool['slots']} slots ({pool['how']} through the REST API)")
         # The Spark master comes from the stack (BENCHMARK_SPARK_MASTER). The stack's evidence is
         # about Airflow, Celery, Spark, Determined and MLflow as deployed; Ray's local cluster per
-        # cell is checked natively (tests/backends/test_ray.py), not inside the containers.
+        # cell is checked natively (tests/platforms/ray/test_ray.py), not inside the containers.
         conf = {"profile": "smoke", "backends": ["ddp", "spark", "determined"], "worker_counts": [2]}
         result["conf"] = conf
         watcher = None  # (h) needs the run watched while it trains: not with --run-id

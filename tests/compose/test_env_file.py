@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import subprocess
 
-from tests.test_compose import ROOT, SECRETS
+from tests.compose.test_compose import ROOT, SECRETS
 
 
 def test_make_env_writes_a_private_file_and_keeps_its_values(tmp_path):

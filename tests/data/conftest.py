@@ -39,7 +39,7 @@ def spark():
     """One local[2] session for every Spark test here (start-up costs ~8 s). Package scope: it
     ends with this folder, before other folders' tests run Spark cells (a cell starts a fresh
     session and ends its JVM, which would leave this one dead until the end of the run)."""
-    from pipelines.engines.spark_session import get_spark, stop_spark
+    from pipelines.engines.spark.session import get_spark, stop_spark
 
     session = get_spark("local[2]", app_name="tests-data", conf={"spark.ui.showConsoleProgress": "false"})
     yield session

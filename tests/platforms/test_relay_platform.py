@@ -23,19 +23,19 @@ from pipelines.runfolder.paths import PROJECT_ROOT, RunPaths
 from tests.token_shards import write_token_shards
 
 
-def test_the_platform_is_registered_with_its_settings(bench_config):
+def test_the_platform_is_registered_with_its_settings(one_epoch_config):
     assert "relay" in platforms.names() and "relay" not in platforms.default_names()  # named runs only
     assert platforms.styles()["relay"] == {"label": "Relay (a test platform)", "colour": "#0f766e"}
     assert platforms.get("relay").package == "tests.platforms.relay"
-    config = bench_config.model_copy(update={"backends": ["relay"], "engines.relay.max_workers": 1})
+    config = one_epoch_config.model_copy(update={"backends": ["relay"], "engines.relay.max_workers": 1})
     assert config.engine("relay").max_workers == 1
-    assert bench_config.model_copy(update={"relay_max_workers": 3}).engines.relay.max_workers == 3  # flat alias
+    assert one_epoch_config.model_copy(update={"relay_max_workers": 3}).engines.relay.max_workers == 3  # flat alias
     with pytest.raises(ConfigError, match="engines"):
-        bench_config.model_copy(update={"engines.relay.no_such": 1})
+        one_epoch_config.model_copy(update={"engines.relay.no_such": 1})
 
 
-def test_preflight_asks_the_platform(bench_config):
-    config = bench_config.model_copy(update={"backends": ["relay"], "worker_counts": [1, 2],
+def test_preflight_asks_the_platform(one_epoch_config):
+    config = one_epoch_config.model_copy(update={"backends": ["relay"], "worker_counts": [1, 2],
                                              "engines.relay.max_workers": 1})
     assert preflight.problems(config, cells=[("relay", "default", 1)]) == []
     found = preflight.problems(config)
@@ -57,10 +57,10 @@ def test_the_trigger_form_offers_it_when_the_deployment_names_it(tmp_path):
     assert "relay" in json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _relay_run(tmp_path, bench_config, imdb_dir, bert_tiny_dir, name: str, **update):
+def _relay_run(tmp_path, one_epoch_config, imdb_dir, bert_tiny_dir, name: str, **update):
     paths = write_token_shards(RunPaths(tmp_path / "runs" / name), imdb_dir, bert_tiny_dir,
                                train_per_class=48, test_per_class=24, seq_len=32, seed=3)
-    config = bench_config.model_copy(update={
+    config = one_epoch_config.model_copy(update={
         "backends": ["ddp", "relay"], "worker_counts": [2], "epochs": 1, "max_seq_len": 32,
         "tracking.output_root": str(tmp_path / "runs"), **update})
     save_config(config, paths.config)
@@ -68,13 +68,13 @@ def _relay_run(tmp_path, bench_config, imdb_dir, bert_tiny_dir, name: str, **upd
 
 
 @pytest.mark.slow
-def test_a_cell_the_report_the_costs_and_the_page_data(tmp_path, bench_config, imdb_dir, bert_tiny_dir):
+def test_a_cell_the_report_the_costs_and_the_page_data(tmp_path, one_epoch_config, imdb_dir, bert_tiny_dir):
     from pipelines.report import build_report
     from pipelines.run.cells import run_cell
     from pipelines.evaluation import evaluate_run
     from pipelines.web.data import load_run, trends_data
 
-    config, paths = _relay_run(tmp_path, bench_config, imdb_dir, bert_tiny_dir, "relay-run")
+    config, paths = _relay_run(tmp_path, one_epoch_config, imdb_dir, bert_tiny_dir, "relay-run")
     result = run_cell(config, paths, "relay", 2)  # torchrun: each rank imports the folder (CellSpec)
     assert result.status == "ok" and result.backend == "relay" and result.platform_mode == "relay-local"
     assert result.test is not None and result.phases["compute"] > 0
@@ -102,11 +102,11 @@ _NO_NETNS = why_unavailable()
 @pytest.mark.slow
 @pytest.mark.heavy
 @pytest.mark.skipif(_NO_NETNS is not None, reason=str(_NO_NETNS))
-def test_a_cell_across_two_emulated_hosts(tmp_path, bench_config, imdb_dir, bert_tiny_dir):
+def test_a_cell_across_two_emulated_hosts(tmp_path, one_epoch_config, imdb_dir, bert_tiny_dir):
     from pipelines.cluster import EmulatedCluster
     from pipelines.run.cells import run_cell
 
-    config, paths = _relay_run(tmp_path, bench_config, imdb_dir, bert_tiny_dir, "relay-hosts")
+    config, paths = _relay_run(tmp_path, one_epoch_config, imdb_dir, bert_tiny_dir, "relay-hosts")
     with EmulatedCluster("relayx", hosts=2, network="unshaped") as cluster:
         result = run_cell(config, paths, "relay", 2, hosts=cluster.hosts)
     assert result.status == "ok", result.error

@@ -1,5 +1,5 @@
 """The phase definitions (pipelines.training.phases): the hook timer, the data wait, and how a
-cell's phases are put together; the backends' real cells are checked in tests/backends."""
+cell's phases are put together; the backends' real cells are checked in tests/platforms."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@
 One node (default): ``--standalone --nproc-per-node <workers>``. Several nodes: set
 ``ddp_nnodes``, ``ddp_node_rank`` and ``ddp_rdzv_endpoint`` (host:port on node 0, where the
 rendezvous store listens) and run the same cell of the same run folder on every node, each
-with its own node rank (tests/scaleout/test_multinode_ddp.py does it on loopback):
+with its own node rank (tests/platforms/ddp/test_multinode_ddp.py does it on loopback):
 
     cfg = read_config(paths.config).model_copy(update=dict(
         ddp_nnodes=2, ddp_node_rank=K, ddp_rdzv_endpoint="node0:29400"))

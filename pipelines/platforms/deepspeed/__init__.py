@@ -79,7 +79,7 @@ PLATFORM = register(Platform(
     cluster_files=("hostfile: one line per machine, 'host slots=N' (written from cluster.hosts here)",),
     features={"fault tolerance": (
         "a failed attempt resumes from DeepSpeed's own checkpoint (every rank's shard; the project's retry "
-        "relaunches it)", "tests/platforms/test_deepspeed.py::test_a_failed_attempt_resumes_from_deepspeeds_checkpoint")},
+        "relaunches it)", "tests/platforms/deepspeed/test_deepspeed.py::test_a_failed_attempt_resumes_from_deepspeeds_checkpoint")},
     # the ranks are known by their pid files; these are DeepSpeed's launcher processes
     process_kinds=(("deepspeed.launcher.runner", "deepspeed_runner"), ("bin/deepspeed", "deepspeed_runner"),
                    ("deepspeed.launcher.launch", "deepspeed_launch")),

@@ -8,7 +8,7 @@ With ``determined_master`` set: the same run is submitted as an experiment throu
 path, since rank 0 writes the result file there. ``validate_experiment_config`` checks the
 generated config with what the determined 0.37 package ships (its YAML loader and its
 ``ExperimentConfig`` accessors); the master validates the full schema, and the tests check the
-config against Determined's own expconf schema (tests/backends/test_determined_schema.py).
+config against Determined's own expconf schema (tests/platforms/determined/test_determined_schema.py).
 
 Several hosts driven from this process (``run_cell(..., hosts=cluster.hosts)``: the hosts of
 ``pipelines.cluster.EmulatedCluster`` or ``pipelines.cluster.ssh.ssh_hosts``): the local Trainer

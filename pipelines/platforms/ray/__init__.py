@@ -54,12 +54,12 @@ _LOCAL = ("there is no network between workers: it measures Ray's own launch and
           "multi-node cluster's.")
 _FEATURES = {
     "scheduler": ("Ray places the worker actors on the cluster's nodes (a placement group over both hosts)",
-                  "tests/cluster/test_ray_across_hosts.py::test_a_ray_cell_across_two_emulated_hosts"),
+                  "tests/platforms/ray/test_ray_across_hosts.py::test_a_ray_cell_across_two_emulated_hosts"),
     "fault tolerance": ("a new run restores the latest checkpoint reported to Ray Train (its run snapshot)",
-                        "tests/backends/test_ray.py::test_ray_cell_killed_after_epoch_1_resumes_from_rays_checkpoint"),
+                        "tests/platforms/ray/test_ray.py::test_ray_cell_killed_after_epoch_1_resumes_from_rays_checkpoint"),
     "elastic training": ("engines.ray.elastic_min_workers: a lost worker node, the group restarts smaller from "
                          "the last checkpoint in the same attempt",
-                         "tests/cluster/test_ray_elastic.py::"
+                         "tests/platforms/ray/test_ray_elastic.py::"
                          "test_ray_loses_a_worker_node_and_goes_on_with_one_worker_by_itself"),
 }
 _SSH_REFUSAL = ("across SSH machines its head and nodes would need the cluster's token on every machine (it is "

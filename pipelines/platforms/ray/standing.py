@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from pipelines.cluster import netns
-from pipelines.cluster.emulated import process_start
+from pipelines.cluster.leftovers import process_start
 from pipelines.cluster.processes import start_session, stop_tree
 from pipelines.config import BenchmarkConfig
 from pipelines.platforms.ray.trainer import node_env, ray_temp_dir

@@ -4,7 +4,7 @@ gets its rows through a Spark DataFrame (``spark_dataframe``).
 ``adapter.py`` / ``dataframe.py``: the two adapters; ``distributor.py``: the cell's SparkSession
 and TorchDistributor call they share; ``hosts.py``: a standalone cluster built on the run's
 hosts; ``feed.py``: the dataframe feed's training process. The Spark engine itself (session,
-the run's embedded cluster) is ``pipelines.engines``: the data stage uses it too.
+the run's embedded cluster) is ``pipelines.engines.spark``: the data stage uses it too.
 
 A one-host cell's driver (the SparkSession with its JVM) runs in a process of its own
 (``pipelines.platforms.driver``) in its cluster's network namespace: the run's for the embedded
@@ -20,7 +20,7 @@ shared loop leaves those ranks to the OS scheduler instead of pinning them all t
 import json
 import logging
 
-from pipelines.engines import SparkSettings  # engines.spark: the Spark engine's, which the data stage uses too
+from pipelines.engines.spark import SERVICE, SparkSettings  # the Spark engine's: the data stage uses them too
 from pipelines.platforms import Platform, register
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 def embedded_cluster_pids(paths) -> list[int]:
     """What a Spark cell uses but does not start: the run's embedded Spark Master and Workers."""
     try:
-        info = paths.spark_cluster_info
+        info = paths.engine_cluster_info("spark")
         return [int(p) for p in json.loads(info.read_text()).get("pids", [])] if info.exists() else []
     except Exception as err:  # a measure: never a reason to fail the cell
         log.warning("resources: the embedded Spark cluster's pids are unreadable: %s", err)
@@ -38,9 +38,9 @@ def embedded_cluster_pids(paths) -> list[int]:
 
 _FEATURES = {
     "scheduler": ("the standalone master places TorchDistributor's barrier tasks on the hosts' executors",
-                  "tests/cluster/test_spark_across_hosts.py::test_a_spark_cell_across_two_emulated_hosts"),
+                  "tests/platforms/spark/test_spark_across_hosts.py::test_a_spark_cell_across_two_emulated_hosts"),
     "data integration": ("a DataFrame's partitions reach the ranks through a barrier stage (the dataframe feed)",
-                         "tests/backends/test_spark_dataframe.py::"
+                         "tests/platforms/spark/test_spark_dataframe.py::"
                          "test_every_training_row_reaches_exactly_one_rank_once_per_epoch"),
 }
 _SSH_REFUSAL = ("across SSH machines its standalone master and workers would stay running after the cell, bound "
@@ -54,13 +54,14 @@ _COMMON = dict(daemons=embedded_cluster_pids, process_kinds=(("pyspark", "pyspar
                distributions=("pyspark",), programs=("java",), features=_FEATURES,
                coordinator_note="Spark's master", retries_note="Spark `spark.task.maxFailures`",
                workdir_placement=_EXECUTOR_DIR,
-               prediction_note="the study's Spark moved data and models through Spark")
+               prediction_note="the study's Spark moved data and models through Spark",
+               result_renames={"spark_session": "platform_session"})  # its results before the field was neutral
 def _remote_ranks(config) -> str | None:  # barrier tasks run torchrun on that cluster's executors
     master = config.engine("spark").master
     return f"engines.spark.master={master}" if master.startswith(("spark://", "k8s://", "yarn")) else None
 
 
-_STANDING = dict(lifetime="standing", remote_ranks=_remote_ranks, services=("pipelines.engines.spark_cluster:EMBEDDED_SERVICE",
+_STANDING = dict(lifetime="standing", remote_ranks=_remote_ranks, services=(SERVICE,  # the engine's embedded cluster
                                                 f"{__name__}.standing:STANDING_SERVICE"))
 _PER_JOB = dict(lifetime="per_job", default=False, smoke=False)  # named where a run compares lifetimes
 _FEEDS_NOTE = ("spark and spark_dataframe are the same TorchDistributor run with two data feeds: each rank "

@@ -5,7 +5,7 @@ share (the cell's own session, local vs barrier mode, GPU resources, the task-sl
 ``pipelines.platforms.spark.distributor``. Only paths (strings) are passed to the function; rank 0 writes the
 result file.
 
-Cluster run (tests/scaleout/test_spark_cluster.py starts a standalone master + 2 workers):
+Cluster run (tests/platforms/spark/test_spark_cluster.py starts a standalone master + 2 workers):
     python -m pipelines train --backend spark --workers 2 --set spark_master=spark://host:7077
 
 Across launch hosts (``run_cell(..., hosts=cluster.hosts)``): a standalone cluster built on the

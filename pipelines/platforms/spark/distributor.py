@@ -42,9 +42,10 @@ from pathlib import Path
 from pipelines.training.cell import CellSpec
 from pipelines.config import BenchmarkConfig
 from pipelines.cluster import netns
-from pipelines.engines import spark_cluster
-from pipelines.engines.spark_cluster import EMBEDDED, master_url
-from pipelines.engines.spark_session import get_spark, stop_spark
+from pipelines.engines.spark import cluster as spark_cluster
+from pipelines.engines.spark import EMBEDDED
+from pipelines.engines.spark.cluster import master_url
+from pipelines.engines.spark.session import get_spark, stop_spark
 from pipelines.runfolder.scratch import make_scratch, remove_scratch
 
 log = logging.getLogger(__name__)

@@ -58,7 +58,7 @@ def spark_home() -> Path:
     return Path(pyspark.__file__).resolve().parent
 
 
-# what an embedded cluster's daemon carries (pipelines.engines.spark_cluster): never inherited by ours
+# what an embedded cluster's daemon carries (pipelines.engines.spark.cluster): never inherited by ours
 EMBEDDED_MARKS = ("PIPELINES_SPARK_STATE", "PIPELINES_SPARK_OWNER", "_SPARK_AUTH_SECRET")
 
 
