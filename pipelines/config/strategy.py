@@ -1,5 +1,5 @@
 """How the ranks of a cell cooperate: ``TrainingStrategy`` and its short names ("fp16", "localsgd-4",
-"pipeline-4").
+"pipeline-4", "async").
 
 A strategy is part of the config (``matrix.strategies``); ``pipelines.training.strategies`` runs it.
 """
@@ -13,10 +13,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_valid
 from pipelines.runfolder.paths import DEFAULT_STRATEGY
 
 # A strategy name as a trigger form accepts it (the JSON schema of ``matrix.strategies`` items).
-_PART = r"(default|fp16|bf16|powersgd(-r[0-9]+)?|localsgd-[0-9]+|fsdp|ddp|pipeline-[0-9]+|weighted_sampler|weighted_loss)"
+_PART = (r"(default|fp16|bf16|powersgd(-r[0-9]+)?|localsgd-[0-9]+|fsdp|ddp|pipeline-[0-9]+|async(-[0-9]+)?|"
+         r"weighted_sampler|weighted_loss)")
 STRATEGY_PATTERN = rf"^{_PART}(\+{_PART})*$"
 STRATEGY_EXAMPLES = ["default", "fp16", "bf16", "powersgd-r1", "powersgd-r4", "localsgd-4", "localsgd-16", "fsdp",
-                     "pipeline-4", "weighted_sampler", "weighted_loss"]
+                     "pipeline-4", "async", "async-1", "weighted_sampler", "weighted_loss"]
+ASYNC_STALENESS_BOUND = 4  # "async": a gradient staler than this many server updates is dropped
 
 
 class TrainingStrategy(BaseModel):
@@ -29,7 +31,10 @@ class TrainingStrategy(BaseModel):
     counters an imbalanced train split (``weighted_sampler`` draws rows with probability
     1 / class count, ``weighted_loss`` weights the loss by N / (K * class count));
     ``pipeline_microbatches``: pipeline parallelism when > 0, the model's layers split over the
-    ranks (one stage each, GPipe over that many microbatches a batch: ``pipelines.training.pipeline``).
+    ranks (one stage each, GPipe over that many microbatches a batch: ``pipelines.training.pipeline``);
+    ``asynchronous``: workers push gradients to a parameter server and pull its weights, no barrier
+    between their steps (``pipelines.training.parameter_server``); a gradient computed on weights more
+    than ``staleness_bound`` server updates old is dropped ("async" = bound 4, "async-<k>" = bound k).
     ``name`` is the short label of cells and reports ("default" when nothing is changed).
     """
 
@@ -41,14 +46,19 @@ class TrainingStrategy(BaseModel):
     sharding: Literal["ddp", "fsdp"] = "ddp"
     imbalance: Literal["none", "weighted_sampler", "weighted_loss"] = "none"
     pipeline_microbatches: int = Field(0, ge=0, le=1024)  # 0: no pipeline; else microbatches a batch
+    asynchronous: bool = False  # a parameter server, no barrier (async)
+    staleness_bound: int = Field(ASYNC_STALENESS_BOUND, ge=0, le=10_000)  # with asynchronous only
 
     @model_serializer(mode="wrap")
     def _dump(self, handler) -> dict[str, Any]:
-        """Without ``pipeline_microbatches`` when 0: a config, checkpoint or cell written before the
-        field existed dumps (and fingerprints, and resumes) as it did."""
+        """Without ``pipeline_microbatches`` when 0 and the asynchronous fields when synchronous: a config,
+        checkpoint or cell written before the fields existed dumps (and fingerprints, and resumes) as it did."""
         data = handler(self)
         if not self.pipeline_microbatches:
             data.pop("pipeline_microbatches", None)
+        if not self.asynchronous:
+            data.pop("asynchronous", None)
+            data.pop("staleness_bound", None)
         return data
 
     @property
@@ -64,6 +74,8 @@ class TrainingStrategy(BaseModel):
             parts.append(self.sharding)
         if self.pipeline_microbatches:
             parts.append(f"pipeline-{self.pipeline_microbatches}")
+        if self.asynchronous:
+            parts.append("async" if self.staleness_bound == ASYNC_STALENESS_BOUND else f"async-{self.staleness_bound}")
         if self.imbalance != "none":
             parts.append(self.imbalance)
         return "+".join(parts) or DEFAULT_STRATEGY
@@ -77,13 +89,14 @@ class TrainingStrategy(BaseModel):
         return {"strategy": self.name, "comm_hook": self.comm_hook,
                 "powersgd_rank": self.powersgd_rank if self.comm_hook == "powersgd" else None,
                 "sync_every": self.sync_every, "sharding": self.sharding, "imbalance": self.imbalance,
-                "pipeline_microbatches": self.pipeline_microbatches}
+                "pipeline_microbatches": self.pipeline_microbatches, "asynchronous": self.asynchronous,
+                "staleness_bound": self.staleness_bound if self.asynchronous else None}
 
     @property
     def needs_process_group(self) -> bool:
         """Strategies about how ranks talk: meaningless on one worker."""
         return self.comm_hook != "none" or self.sync_every > 1 or self.sharding != "ddp" or \
-            self.pipeline_microbatches > 0
+            self.pipeline_microbatches > 0 or self.asynchronous
 
     def pipeline_refusal(self, world_size: int, global_batch: int | None = None,
                          layers: int | None = None) -> str | None:
@@ -119,13 +132,18 @@ class TrainingStrategy(BaseModel):
             raise ValueError("pipeline_microbatches > 0 takes no sharding=fsdp, no comm_hook and no sync_every > 1: "
                              "a pipeline gives each rank its own layers, so no gradient is all-reduced, hooked, "
                              "averaged or sharded")
+        if self.asynchronous and (self.sharding != "ddp" or self.comm_hook != "none" or self.sync_every > 1
+                                  or self.pipeline_microbatches):
+            raise ValueError("asynchronous takes no sharding=fsdp, no comm_hook, no sync_every > 1 and no "
+                             "pipeline_microbatches: each worker pushes its whole gradient to the parameter server and "
+                             "pulls its whole model, so nothing is all-reduced, hooked, averaged, sharded or split")
         return self
 
 
 def parse_strategy(value: Any) -> Any:
     """A strategy as the CLI / trigger form gives it: a dict of fields, or a canonical name
     (``"default"``, ``"fp16"``, ``"powersgd-r2"``, ``"localsgd-4"``, ``"fsdp"``, ``"pipeline-4"``,
-    ``"weighted_loss"``, joined with ``+``)."""
+    ``"async"``, ``"async-2"``, ``"weighted_loss"``, joined with ``+``)."""
     if not isinstance(value, str):
         return value
     fields: dict[str, Any] = {}
@@ -142,10 +160,15 @@ def parse_strategy(value: Any) -> Any:
             fields["sharding"] = part
         elif part.startswith("pipeline-") and part[9:].isdigit() and int(part[9:]) > 0:
             fields["pipeline_microbatches"] = int(part[9:])
+        elif part == "async":
+            fields["asynchronous"] = True
+        elif part.startswith("async-") and part[6:].isdigit():
+            fields.update(asynchronous=True, staleness_bound=int(part[6:]))
         elif part in ("weighted_sampler", "weighted_loss"):
             fields["imbalance"] = part
         else:
             raise ValueError(f"unknown strategy part {part!r} in {value!r} (known: default, fp16, bf16, "
                              "powersgd, powersgd-r<rank>, localsgd-<steps>, fsdp, pipeline-<microbatches> "
-                             "(at least 1), weighted_sampler, weighted_loss; joined with '+')")
+                             "(at least 1), async, async-<staleness bound>, weighted_sampler, weighted_loss; "
+                             "joined with '+')")
     return fields

@@ -150,6 +150,15 @@ def _resource_fields(result: CellResult, tracking) -> dict:
             "cost": None if tracking is None else resource_cost(result, tracking)}
 
 
+def _staleness(records: list[dict]) -> dict:
+    """An async aggregate's staleness over its repeats (``Aggregate.staleness_*``); {}: not async."""
+    if not records:
+        return {}
+    return {"staleness_mean": _stats([s["mean"] for s in records]).median,
+            "staleness_max": max(s["max"] for s in records),
+            "dropped_fraction": _stats([s["dropped"] / max(1, s["updates"] + s["dropped"]) for s in records]).median}
+
+
 def cell_row(name: str, result: CellResult, target: float, network: str | None = None,
              tracking=None) -> CellRow:
     """The summary's row of one finished cell; ``network``: the configured one (else the result's);
@@ -157,7 +166,7 @@ def cell_row(name: str, result: CellResult, target: float, network: str | None =
     tta_epoch, tta_seconds = time_to_target(result, target)
     return CellRow(
         cell=name, backend=result.backend, strategy=result.strategy, workers=result.world_size,
-        repeat=result.repeat, comm_bytes_per_step=result.comm_bytes_per_step,
+        repeat=result.repeat, comm_bytes_per_step=result.comm_bytes_per_step, staleness=result.staleness,
         network=network or result.network, cluster=result.cluster,
         link_bytes_per_step=result.link_bytes_per_step, link_bytes_per_train_step=result.link_bytes_per_train_step,
         epoch_seconds=_median_epoch_seconds(result),
@@ -207,6 +216,7 @@ def _aggregate_one(config: BenchmarkConfig, backend: str, strategy: str, network
         epoch_seconds=_stats(col("epoch_seconds")).median,
         communication_seconds=_stats(col("communication_seconds")).median,
         recall_per_class=_median_lists([r.recall_per_class for r in ok if r.recall_per_class]),
+        **_staleness([r.staleness for r in ok if r.staleness and r.staleness.get("mean") is not None]),
         repeats=config.matrix.repeats, repeats_ok=len(ok), repeats_failed=len(mine) - len(ok),
         platform_mode="/".join(sorted({r.platform_mode for r in mine if r.platform_mode})) or None,
         data_feed="/".join(sorted({r.data_feed for r in mine if r.data_feed})) or None,

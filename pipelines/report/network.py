@@ -137,12 +137,13 @@ def _strategy_settings(config: BenchmarkConfig, name: str) -> Any:
 
 
 def is_comm_strategy(config: BenchmarkConfig, name: str) -> bool:
-    """A strategy that changes what goes over the link: a comm hook, local SGD (sync_every > 1) or
-    a pipeline (activations instead of gradients)."""
+    """A strategy that changes what goes over the link: a comm hook, local SGD (sync_every > 1), a
+    pipeline (activations instead of gradients) or async (gradients and weights to and from a server)."""
     s = _strategy_settings(config, name)
     if s is None:  # not in this config (an older run's): judge by its name
-        return name.startswith(("fp16", "bf16", "powersgd", "localsgd", "pipeline"))
-    return not s.is_default and (s.comm_hook != "none" or s.sync_every > 1 or s.pipeline_microbatches > 0)
+        return name.startswith(("fp16", "bf16", "powersgd", "localsgd", "pipeline", "async"))
+    return not s.is_default and (s.comm_hook != "none" or s.sync_every > 1 or s.pipeline_microbatches > 0
+                                 or s.asynchronous)
 
 
 def break_even_rows(summary: RunSummary, config: BenchmarkConfig) -> list[list[str]]:

@@ -269,6 +269,20 @@ def model_split_lines(summary: RunSummary, config: BenchmarkConfig) -> list[str]
             "holds the whole model on every rank."]
 
 
+def async_lines(summary: RunSummary) -> list[str]:
+    """The asynchronous cells' staleness, one line; none: nothing."""
+    cells = [a for a in summary.aggregates if a.staleness_mean is not None]
+    if not cells:
+        return []
+    return ["", "Asynchronous (`async`, `async-<bound>`: every worker pushes its gradient to a parameter server "
+            "in rank 0's process and pulls its weights, no barrier; staleness = server updates between the "
+            "weights a gradient was computed on and those it was applied to; a gradient staler than the bound "
+            "is dropped; comm MB/step = gradients up and weights down per server update): "
+            + "; ".join(f"{_text(a.backend)} {_text(a.strategy)} at {a.workers} workers, {_text(a.network)}: "
+                        f"mean {a.staleness_mean:.2f}, max {a.staleness_max}, {a.dropped_fraction:.0%} dropped"
+                        for a in cells) + "."]
+
+
 def _strategy_lines(summary: RunSummary, config: BenchmarkConfig) -> list[str]:
     lines = split_table(with_network(STRATEGY_COLUMNS, summary), strategy_rows(summary),
                         STRATEGY_COMMUNICATION, STRATEGY_QUALITY)
@@ -287,6 +301,7 @@ def _strategy_lines(summary: RunSummary, config: BenchmarkConfig) -> list[str]:
                                                                for s, n in skipped)
                   + ": one worker has no one to communicate with."]
     lines += model_split_lines(summary, config)
+    lines += async_lines(summary)
     if config.data.class_ratio is not None:
         lines += ["", f"Train sample imbalanced on purpose: class_ratio={_text(config.data.class_ratio)} "
                   "(every label other than 0 has that fraction of label 0's rows); test stays stratified."]

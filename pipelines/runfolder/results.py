@@ -184,6 +184,11 @@ class CellResult(BaseModel):
     sharding: str = "ddp"
     imbalance: str = "none"
     pipeline_microbatches: int = 0  # > 0: the cell split the model's layers over its ranks (pipeline)
+    asynchronous: bool = False  # the workers pushed gradients to a parameter server, no barrier (async)
+    staleness_bound: int | None = None  # async: a gradient staler than this was dropped
+    # async (pipelines.training.parameter_server): server updates between the weights a gradient was
+    # computed on and those it was applied to: {updates, dropped, mean, p50, p95, max, bound, histogram}
+    staleness: dict | None = None
     # payload this rank handed to gradient / parameter collectives per optimizer step, averaged
     # over training (comm hook buckets after compression, local SGD's parameter averaging);
     # None where not measured (one worker, FSDP). Wire bytes of a ring all-reduce are ~2(W-1)/W of it.

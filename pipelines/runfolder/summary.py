@@ -102,6 +102,7 @@ class CellRow(BaseModel):
     phases: dict[str, float] = Field(default_factory=dict)  # CellResult.phases
     comm_bytes_per_step: float | None = None  # CellResult.comm_bytes_per_step
     link_bytes_per_step: float | None = None  # CellResult.link_bytes_per_step (across hosts)
+    staleness: dict | None = None  # CellResult.staleness (async: {updates, dropped, mean, max, ...})
     epoch_seconds: float | None = None  # median over the cell's epochs of epoch_seconds
     communication_seconds: float | None = None  # phases["communication"]
     recall_per_class: list[float] = Field(default_factory=list)  # test recall of label 0..K-1
@@ -138,6 +139,11 @@ class Aggregate(BaseModel):
     workers: int
     comm_bytes_per_step: float | None = None  # median over the repeats
     link_bytes_per_step: float | None = None  # median over the repeats (all hosts' tx / steps)
+    # async: median over the repeats of the pushes' mean staleness and of the share of pushes dropped;
+    # the largest staleness of any push of any repeat
+    staleness_mean: float | None = None
+    staleness_max: int | None = None
+    dropped_fraction: float | None = None
     link_bytes_per_train_step: float | None = None  # median over the repeats (the training steps alone)
     epoch_seconds: float | None = None  # median over the repeats of the cells' median epoch time
     communication_seconds: float | None = None  # median over the repeats of the communication phase

@@ -49,6 +49,9 @@ class TorchEngine:
         """Take the model, optimizer and scheduler the loop built (after the strategy's wrapping);
         returns the module the training steps call (an engine that wraps the model: its own)."""
         self.model, self.optimizer, self.scheduler, self.runtime = model, optimizer, scheduler, runtime
+        bind = getattr(runtime, "bind_optimizer", None)  # async: its parameter server copies the optimizer
+        if bind is not None:
+            bind(model, optimizer)
         return wrapped
 
     # --- one training step (the forward is the loop's) ------------------------------------
@@ -59,8 +62,10 @@ class TorchEngine:
         loss.backward()
 
     def step(self) -> None:
-        """The optimizer step (the strategy's ``after_step`` follows, then ``scheduler_step``)."""
-        self.optimizer.step()
+        """The optimizer step (the strategy's ``after_step`` follows, then ``scheduler_step``); none where
+        the strategy's runtime updates the weights itself (async: its parameter server, in ``after_step``)."""
+        if not getattr(self.runtime, "steps_the_weights", False):
+            self.optimizer.step()
 
     def scheduler_step(self) -> None:
         self.scheduler.step()

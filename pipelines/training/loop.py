@@ -309,4 +309,5 @@ def _finish(run: _Run) -> None:
     run.process.finish(model, model_source=run.model_source, test_set=run.test_set,
                        train_samples=run.train_samples, checkpoint_path=run.checkpoint_path,
                        steps_per_epoch=len(run.loader), comm_bytes_per_step=run.runtime.comm_bytes_per_step,
-                       link_bytes_per_train_step=step_link)
+                       link_bytes_per_train_step=step_link,
+                       strategy_fields=getattr(run.runtime, "result_fields", dict)())  # async: staleness

@@ -83,7 +83,8 @@ class RankProcess:
     def finish(self, model: torch.nn.Module, *, model_source: str, test_set: TensorDataset,
                train_samples: int, checkpoint_path: str | None, steps_per_epoch: int,
                comm_bytes_per_step: float | None = None,
-               link_bytes_per_train_step: float | None = None) -> CellResult | None:
+               link_bytes_per_train_step: float | None = None,
+               strategy_fields: dict | None = None) -> CellResult | None:
         """Every rank (the devices are gathered); rank 0: the final test of ``model``, its export
         and ``worker_result.json``, which it returns."""
         devices, placements = worker_devices(self.env, self.spec.backend)
@@ -100,7 +101,7 @@ class RankProcess:
             checkpoint_path=checkpoint_path, model_path=model_path, devices=devices, placements=placements,
             export_seconds=export_seconds, comm_bytes_per_step=comm_bytes_per_step,
             steps_per_epoch=steps_per_epoch, link_bytes_per_train_step=link_bytes_per_train_step)
-        result = result.model_copy(update={"rank_steps": rank_steps})
+        result = result.model_copy(update={"rank_steps": rank_steps, **(strategy_fields or {})})
         write_worker_result(result, spec)
         return result
 

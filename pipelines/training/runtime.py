@@ -23,7 +23,9 @@
 - ``Sharded``: FSDP2 (the seam's ``shard_model``, before the optimizer), full state dicts for
   checkpoints and the final model, padded evaluation so every rank joins the same all-gathers;
 - ``Pipelined`` (``pipelines.training.pipeline``): the model's layers split over the ranks, a
-  training step the pipeline schedule's forward and backward of the global batch.
+  training step the pipeline schedule's forward and backward of the global batch;
+- ``Asynchronous`` (``pipelines.training.parameter_server``): no wrapper, every rank pushes its
+  gradient to a parameter server in rank 0's process and pulls its weights, without a barrier.
 
 Class imbalance (weighted sampler or weighted loss) works the same under each of them.
 """
@@ -32,13 +34,15 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
+import torch.distributed as dist
 
 from pipelines.config import TrainingStrategy
-from pipelines.training import strategies
+from pipelines.training import parameter_server, strategies
 from pipelines.training.record import TrainingRecord
 
 if TYPE_CHECKING:  # the seam calls runtime_for: annotations only here
@@ -123,6 +127,10 @@ class Replicated:
     def comm_bytes_per_step(self) -> float | None:
         return self.hooks.comm_bytes_per_step if self.hooks is not None else None
 
+    def result_fields(self) -> dict:
+        """CellResult fields only this strategy records (async: its staleness); rank 0's are the result's."""
+        return {}
+
 
 class LocalSGD(Replicated):
     """``sync_every`` > 1 on several ranks: no gradient all-reduce; parameters averaged after
@@ -163,6 +171,95 @@ class Sharded(Replicated):
         return strategies.whole_model_on_main(model, strategies.full_model_state(model, sharded=True), rebuild, self.env)
 
 
+class Asynchronous(Replicated):
+    """``asynchronous`` on several ranks (``pipelines.training.parameter_server``): no DDP wrapper (nothing
+    all-reduced); the engine leaves the optimizer step to this runtime (``steps_the_weights``), whose
+    ``after_step`` pushes the gradient to the server and loads the weights it answers with."""
+
+    steps_the_weights = True  # pipelines.training.engine.TorchEngine.step leaves the update to us
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # every rank joins new_group, in the same order: the server's own channel
+        self.group = dist.new_group(backend="gloo")
+        self.server: parameter_server.ParameterServer | None = None  # rank 0
+        self.thread: threading.Thread | None = None
+        self.version = 0  # of the weights this rank holds
+        self.params: list[torch.nn.Parameter] = []
+        self.optimizer: torch.optim.Optimizer | None = None  # never steps: its scheduler sets the lr we send
+
+    def _wrapped(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model  # no DistributedDataParallel: the server is where the ranks' gradients meet
+
+    def wrap(self, model: torch.nn.Module, steps_done: int) -> torch.nn.Module:
+        self.params = list(model.parameters())
+        if self.env.is_main:
+            log.info("strategy %s: parameter server in rank 0's process, staleness bound %d",
+                     self.strategy.name, self.strategy.staleness_bound)
+        return model
+
+    def bind_optimizer(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """From the engine's ``attach``: the worker's learning rate is its optimizer's (the loop's scheduler
+        sets it each step); rank 0's server updates a copy of the weights with a copy of this optimizer."""
+        self.optimizer = optimizer
+        if self.env.is_main:
+            self.server = parameter_server.ParameterServer(model, optimizer, self.strategy.staleness_bound)
+
+    def load_optimizer_state(self, model: torch.nn.Module, optimizer, state: dict) -> None:
+        super().load_optimizer_state(model, optimizer, state)
+        if self.server is not None:
+            self.server.optimizer.load_state_dict(state)
+
+    # --- steps ----------------------------------------------------------------------------
+    def after_step(self, record) -> None:
+        """Push this step's gradient, pull the server's weights (rank 0: a call, the others: the group)."""
+        gradient = parameter_server.flat_gradient(self.params)
+        learning_rate = float(self.optimizer.param_groups[0]["lr"])
+        if self.server is not None:
+            if self.thread is None:
+                self._start_serving()
+            weights, self.version, _, _ = self.server.apply(gradient, self.version, learning_rate)
+        else:
+            with record.communicating():
+                weights, self.version = parameter_server.push_and_pull(self.group, gradient, self.version, learning_rate)
+        parameter_server.load_flat(self.params, weights)
+
+    def _start_serving(self) -> None:
+        self.thread = threading.Thread(target=self.server.serve, args=(self.group, self.env.world_size - 1),
+                                       name="parameter-server", daemon=True)
+        self.thread.start()
+
+    def at_epoch_end(self, record) -> None:
+        """Every rank: done with the epoch's pushes; then one model, the server's, on every rank."""
+        with record.communicating():
+            if self.server is None:
+                parameter_server.done_with_epoch(self.group)
+            elif self.thread is not None:
+                self.thread.join()
+                self.thread = None
+            weights = self.server.weights() if self.server is not None else torch.empty(sum(p.numel() for p in self.params))
+            dist.broadcast(weights, src=0, group=self.group)  # gloo: CPU tensors whatever the default backend
+            versions = torch.tensor([float(self.server.version if self.server is not None else 0)])
+            dist.broadcast(versions, src=0, group=self.group)
+            self.version = int(versions.item())
+        parameter_server.load_flat(self.params, weights)
+
+    # --- checkpoint and result ------------------------------------------------------------
+    def checkpoint_state(self, model: torch.nn.Module, optimizer) -> tuple[dict, dict]:
+        """The model every rank holds after ``at_epoch_end`` (the server's) and the server's optimizer."""
+        model_state, optimizer_state = super().checkpoint_state(model, optimizer)
+        return model_state, (self.server.optimizer.state_dict() if self.server is not None else optimizer_state)
+
+    @property
+    def comm_bytes_per_step(self) -> float | None:
+        if self.server is None or not self.server.version + self.server.dropped:
+            return None
+        return self.server.remote_bytes / (self.server.version + self.server.dropped)
+
+    def result_fields(self) -> dict:
+        return {"staleness": self.server.summary()} if self.server is not None else {}
+
+
 def runtime_for(strategy: TrainingStrategy, distributed: TorchDistributed, env: DistEnv,
                 class_counts: Callable[[], list[int]]) -> Replicated | Pipelined:
     """The runtime of ``strategy`` for this rank (``class_counts``: the train split's rows per
@@ -171,6 +268,8 @@ def runtime_for(strategy: TrainingStrategy, distributed: TorchDistributed, env: 
         from pipelines.training.pipeline import Pipelined
 
         return Pipelined(strategy, distributed, env, class_counts)
+    if env.world_size > 1 and strategy.asynchronous:
+        return Asynchronous(strategy, distributed, env, class_counts)
     if env.world_size > 1 and strategy.sharding == "fsdp":
         return Sharded(strategy, distributed, env, class_counts)
     if env.world_size > 1 and strategy.sync_every > 1:

@@ -133,3 +133,18 @@ def assert_same_training():
     """``assert_same_training(result, reference)``: same data, seed and world size -> the same
     per-epoch losses, held-out accuracy and test predictions."""
     return _assert_same_training
+
+
+# --- coverage: which cases this session runs ----------------------------------------------------------
+
+@pytest.fixture
+def runs_here(request):
+    """``runs_here(marks)`` -> whether a case with these marks runs in this session: a ``heavy`` case only
+    where ``-m`` does not leave the heavy tier out (scripts/test.sh and CI do, bench/heavy_tier.sh does not).
+    Coverage tests count only the cases that run, so CI's green never rests on a deselected one."""
+    heavy_out = "not heavy" in (request.config.option.markexpr or "")
+
+    def _runs(marks) -> bool:
+        return not (heavy_out and any(getattr(m, "name", None) == "heavy" for m in marks))
+
+    return _runs

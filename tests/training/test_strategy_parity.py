@@ -120,6 +120,7 @@ def _train(cfg, strategy, train_set, env) -> dict:
     return {"initial": initial, "loss": loss, "runtime": type(runtime).__name__,
             "parameter": type(next(model.parameters())).__name__,
             "bytes_per_step": runtime.comm_bytes_per_step, "seconds": time.perf_counter() - start,
+            "fields": getattr(runtime, "result_fields", dict)(),  # async: its staleness (rank 0's)
             "state": {k: v.detach().cpu().clone() for k, v in state.items()} if env.is_main else None}
 
 

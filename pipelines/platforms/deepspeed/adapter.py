@@ -126,6 +126,10 @@ class DeepSpeedBackend(TrainingBackend):
             return (f"strategy {strategy.name!r} on deepspeed: DeepSpeed's engine runs the whole model's forward "
                     "and backward on every rank (its own pipeline engine, deepspeed.pipe, is not wired in); "
                     "run pipeline cells on a platform that runs the shared loop with its own wrapper")
+        if strategy.asynchronous:
+            return (f"strategy {strategy.name!r} on deepspeed: DeepSpeed's engine steps the optimizer itself after "
+                    "reducing the gradients, so no parameter server can take the update; run async cells on a "
+                    "platform whose shared loop steps its own optimizer")
         return super().strategy_refusal(strategy, world_size)
 
     def launch(self, spec: CellSpec, launch_time: float) -> None:

@@ -32,7 +32,7 @@ def _remote_ranks(config) -> str | None:  # a Determined master: the trials on i
 PLATFORM = register(Platform(
     name="determined", remote_ranks=_remote_ranks, adapter=f"{__name__}.adapter:DeterminedBackend", order=20, label="Determined AI",
     colour="#047857", settings=DeterminedSettings,
-    strategy_note="comm hooks, local SGD, FSDP",  # its Trainer wraps the model and steps the optimizer itself
+    strategy_note="comm hooks, local SGD, FSDP, pipeline, async",  # its Trainer wraps the model and steps the optimizer itself
     study_overhead=0.21,  # the study: Determined 1.21x DDP's time
     # the report looks modes up exactly: one caveat for one host and for local-<k>-nodes
     mode_caveats={"local": LOCAL_CAVEAT, **{f"local-{k}-nodes": LOCAL_CAVEAT for k in range(2, 65)}},

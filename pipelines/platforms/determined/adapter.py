@@ -137,13 +137,13 @@ class DeterminedBackend(TrainingBackend):
             return reason
         unsupported = [f"{k}={getattr(strategy, k)}" for k, default in
                        (("comm_hook", "none"), ("sync_every", 1), ("sharding", "ddp"),
-                        ("pipeline_microbatches", 0))
+                        ("pipeline_microbatches", 0), ("asynchronous", False))
                        if getattr(strategy, k) != default]
         if unsupported:
             return (f"strategy {strategy.name!r} on determined: {', '.join(unsupported)} cannot run there: "
                     "det.pytorch.Trainer wraps the model in its own DistributedDataParallel and steps the "
-                    "optimizer itself, so comm hooks, local SGD, FSDP and a pipeline (each rank its own "
-                    "layers) cannot be applied (imbalance strategies can). Drop the strategy or the "
+                    "optimizer itself, so comm hooks, local SGD, FSDP, a pipeline (each rank its own "
+                    "layers) and a parameter server (async) cannot be applied (imbalance strategies can). Drop the strategy or the "
                     "determined backend from this run")
         return None
 
