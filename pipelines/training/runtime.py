@@ -202,6 +202,9 @@ class Asynchronous(Replicated):
         """From the engine's ``attach``: the worker's learning rate is its optimizer's (the loop's scheduler
         sets it each step); rank 0's server updates a copy of the weights with a copy of this optimizer."""
         self.optimizer = optimizer
+        # the local optimizer never steps (the server's does): tell its scheduler it did, the mark torch's
+        # own step wrapper sets, so it warns of no "scheduler.step() before optimizer.step()" each cell
+        optimizer._opt_called = True
         if self.env.is_main:
             self.server = parameter_server.ParameterServer(model, optimizer, self.strategy.staleness_bound)
 
