@@ -198,13 +198,16 @@ def _no_leaked_tracking_uri(monkeypatch):
 
 @pytest.fixture(scope="session")
 def imdb_dir() -> Path:
-    assert (IMDB_DIR / "train.parquet").exists(), f"real IMDB copy missing at {IMDB_DIR}"
+    assert (IMDB_DIR / "train.parquet").exists(), (
+        f"real IMDB copy missing at {IMDB_DIR}: a checkout with no ../shared/data beside it (a clone under /tmp) "
+        "sets SHARED_DATA to the folder holding imdb/ and bert-tiny/")
     return IMDB_DIR
 
 
 @pytest.fixture(scope="session")
 def bert_tiny_dir() -> Path:
-    assert (BERT_TINY_DIR / "vocab.txt").exists(), f"bert-tiny tokenizer missing at {BERT_TINY_DIR}"
+    assert (BERT_TINY_DIR / "vocab.txt").exists(), (
+        f"bert-tiny tokenizer missing at {BERT_TINY_DIR}: set SHARED_DATA to the folder holding imdb/ and bert-tiny/")
     return BERT_TINY_DIR
 
 
