@@ -7,7 +7,8 @@
 # Workload (the same in both runs, the smoke profile's, which learns past 0.65 on a random-init BERT-tiny): 1,200
 # reviews, 48 tokens (left truncation), 3 epochs, lr 2e-3, batch 16 per rank (the pipeline's global 32 rows in 4
 # microbatches), 2 workers, ddp and spark (TorchDistributor's local mode on one host; its standalone cluster
-# on the hosts). BACKENDS overrides the platforms.
+# on the hosts). BACKENDS overrides the platforms. Then TensorFlow (Keras, MultiWorkerMirroredStrategy; the
+# default strategy only, so runs of its own beside ddp: "tf-onehost", "tf-hosts") on the same workload.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -35,4 +36,7 @@ run() {  # run NAME PROFILE --set ... : one run folder, resumed where it exists
 
 run onehost smoke
 run hosts cluster --set cluster.hosts=2 --set cluster.cpu_per_host=0.5 --set 'networks=["unshaped","100mbit"]'
-"$PY" bench/parallel_async.py "$OUT/onehost" "$OUT/hosts" | tee "$OUT/table.md"
+TF=(--set 'strategies=["default"]' --set 'backends=["ddp","tensorflow"]')
+run tf-onehost smoke "${TF[@]}"
+run tf-hosts cluster --set cluster.hosts=2 --set cluster.cpu_per_host=0.5 --set 'networks=["unshaped","100mbit"]' "${TF[@]}"
+"$PY" bench/parallel_async.py "$OUT/onehost" "$OUT/hosts" "$OUT/tf-onehost" "$OUT/tf-hosts" | tee "$OUT/table.md"

@@ -10,11 +10,13 @@ if [ ! -x "$ROOT/.venv/bin/python" ]; then
 fi
 VPY="$ROOT/.venv/bin/python"
 stamp="$ROOT/.venv/.requirements.sha256"
-want="$(sha256sum "$ROOT/requirements.txt" | cut -d' ' -f1)"
+want="$(cat "$ROOT/requirements.txt" "$ROOT/requirements-tensorflow.txt" | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   "$VPY" -m pip install -q --upgrade pip
   "$VPY" -m pip install -q "torch==2.13.0"
   "$VPY" -m pip install -q -r "$ROOT/requirements.txt"
+  # the TensorFlow platform's set: co-installs with the pinned one, kept apart for the image's size
+  "$VPY" -m pip install -q -r "$ROOT/requirements.txt" -r "$ROOT/requirements-tensorflow.txt"
   echo "$want" > "$stamp"
 fi
 # The project itself, editable: dags/, plugins/, bench/ and every worker process import
@@ -22,4 +24,4 @@ fi
 if [ "$(cd / && "$VPY" -c 'import pipelines, pathlib; print(pathlib.Path(pipelines.__file__).resolve().parent.parent)' 2>/dev/null)" != "$ROOT" ]; then
   "$VPY" -m pip install -q --no-deps --no-build-isolation -e "$ROOT"
 fi
-"$VPY" -c "import torch, airflow, pyspark, great_expectations, mlflow, determined, ray, transformers; print('deps ok: torch', torch.__version__, 'airflow', airflow.__version__)"
+"$VPY" -c "import torch, airflow, pyspark, great_expectations, mlflow, determined, ray, transformers, keras_hub; print('deps ok: torch', torch.__version__, 'airflow', airflow.__version__)"

@@ -44,7 +44,7 @@ REL, FLOOR_S, OVERLAP_S = 0.01, 0.25, 0.05  # see the module docstring
 # load): heavy, to keep CI under 45 minutes (its ZeRO cells in tests/platforms/deepspeed/test_deepspeed.py
 # run there)
 SESSION_CELLS = [pytest.param(b, marks=pytest.mark.heavy) if b == "deepspeed" else pytest.param(b)
-                 for b in ("ddp", "spark", "determined", "ray_per_job", "deepspeed")]
+                 for b in ("ddp", "spark", "determined", "ray_per_job", "deepspeed", "tensorflow")]
 STANDING_RAY = "ray"
 EMBEDDED_SPARK = ("spark_dataframe", "spark_per_job")
 # the registry's platforms with no cell here, and why
