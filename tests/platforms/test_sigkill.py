@@ -57,7 +57,7 @@ SIGKILL_MARKS = {
     # the kernel and takes its whole tree down: 16 processes gone within 7.5 s (before, with ray.init in the CLI:
     # Ray's DashboardAgent and RuntimeEnvAgent ran on ~61 s after the SIGKILL)
     "ray_per_job": (HEAVY,),
-    # the launcher (worker.py --nproc) gets SIGTERM from the kernel (run_to_end's PR_SET_PDEATHSIG) and stops its
+    # the launcher (launcher.py) gets SIGTERM from the kernel (run_to_end's PR_SET_PDEATHSIG) and stops its
     # ranks, which die with it too (their own PR_SET_PDEATHSIG)
     "tensorflow": (HEAVY,),
 }

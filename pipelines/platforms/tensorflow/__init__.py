@@ -4,8 +4,8 @@ framework the seed article names, beside PyTorch's platforms.
 ``worker.py`` is the training process: a second implementation of the benchmark's model shape
 (Keras Hub's BERT backbone + BertForSequenceClassification's head, random weights) on the same token
 shards, batch, learning rate, schedule and epochs, timed by the same ``TrainingRecord``;
-``adapter.py`` starts its ranks on one host (``--nproc``, loopback ports) or one launcher per host
-with every rank's address (``TF_CONFIG``). Its accuracy is compared with the torch platforms', its
+``adapter.py`` starts ``launcher.py`` on one host (``--nproc``, loopback ports) or one per host with
+every rank's address, which starts the host's ranks (each told the cluster by ``TF_CONFIG``). Its accuracy is compared with the torch platforms', its
 time is not the same code's: the report says so (``study_note``, ``mode_caveats``).
 
 Its libraries (``requirements-tensorflow.txt``) co-install with the pinned set and are installed
@@ -35,6 +35,6 @@ PLATFORM = register(Platform(
         "a failed attempt resumes from its tf.train.Checkpoint of the last epoch (the project's retry relaunches it)",
         "tests/platforms/tensorflow/test_tensorflow.py::test_a_failed_attempt_resumes_from_its_checkpoint")},
     # the ranks mark themselves (pid files); the per-host process that starts them is the platform's
-    process_kinds=(("pipelines.platforms.tensorflow.worker", "tf_launcher"),),
+    process_kinds=(("pipelines.platforms.tensorflow.launcher", "tf_launcher"),),
     strategy_note="every strategy but the default (MultiWorkerMirroredStrategy is synchronous data parallelism)",
 ))

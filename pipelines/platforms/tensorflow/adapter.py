@@ -1,6 +1,6 @@
 """TensorFlow's adapter: ``worker.py``'s ranks on one host or across the run's hosts.
 
-One host: ``python -m pipelines.platforms.tensorflow.worker --nproc N`` in a loopback-only network
+One host: ``python -m pipelines.platforms.tensorflow.launcher --nproc N`` in a loopback-only network
 namespace of the cell's own (the ranks' gRPC servers listen on every interface), which starts the
 ranks on free loopback ports. Several hosts: free ports on every host, then on each host
 ``--workers <every rank's host:port> --ranks <its ranks>`` (rank r on host r // per_host, rank 0 on
@@ -22,7 +22,7 @@ from pipelines.training.cell import CellSpec
 from pipelines.cluster.processes import free_ports_on, run_to_end
 from pipelines.runfolder.fileio import atomic_write_json
 
-WORKER_MODULE = "pipelines.platforms.tensorflow.worker"
+LAUNCHER_MODULE = "pipelines.platforms.tensorflow.launcher"
 LIBRARIES = ("tensorflow", "keras", "keras_hub")
 
 
@@ -53,14 +53,14 @@ class TensorFlowBackend(TrainingBackend):
         return None
 
     def launch(self, spec: CellSpec, launch_time: float) -> None:
-        cmd = [sys.executable, "-m", WORKER_MODULE, "--cell-dir", str(spec.cell_dir),
+        cmd = [sys.executable, "-m", LAUNCHER_MODULE, "--cell-dir", str(spec.cell_dir),
                "--launch-time", repr(launch_time), "--nproc", str(spec.world_size)]
         run_to_end(isolated(cmd), dict(os.environ), spec.cell.log, what="tensorflow workers", grace_s=STOP_GRACE_S)
 
     def launch_on_hosts(self, spec: CellSpec, launch_time: float, hosts: list) -> None:
         per_host = host_nproc(spec.world_size, len(hosts))
         addresses = [f"{host.address}:{port}" for host in hosts for port in free_ports_on(host, per_host)]
-        cmds = [[sys.executable, "-m", WORKER_MODULE, "--cell-dir", str(spec.cell_dir),
+        cmds = [[sys.executable, "-m", LAUNCHER_MODULE, "--cell-dir", str(spec.cell_dir),
                  "--launch-time", repr(launch_time), "--workers", ",".join(addresses),
                  "--ranks", ",".join(str(k * per_host + i) for i in range(per_host))]
                 for k in range(len(hosts))]

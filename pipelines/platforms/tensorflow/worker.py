@@ -1,29 +1,19 @@
 """One TensorFlow rank: Keras 3 on TensorFlow, ``tf.distribute.MultiWorkerMirroredStrategy``.
 
     python -m pipelines.platforms.tensorflow.worker --cell-dir D --launch-time T \\
-        --workers host0:port,host1:port --index K          # one rank
-        --workers host0:port,host1:port --ranks 0,1        # this host's ranks, each a child
-        --nproc 2                                          # one host: ranks on loopback ports
+        --workers host0:port,host1:port --index K
 
-TensorFlow has no launcher: a multi-worker job is one process per worker, each told the cluster by
-``TF_CONFIG``. ``--ranks``/``--nproc`` start this host's ranks as children, stop them all when one
-fails or this process is stopped, and die with it (``PR_SET_PDEATHSIG``); ``--workers``/``--index``
-become a rank's ``TF_CONFIG`` (set before TensorFlow is imported, as TensorFlow reads it then). The model is a second
-implementation of the shared loop's shape, not the same code: Keras Hub's ``BertBackbone`` built
-from the run's ``config.json`` (layers, hidden size, heads, feed-forward size, dropout; random
-weights: Keras Hub reads no Hugging Face torch checkpoint) with the classifier head of
-``BertForSequenceClassification`` (dropout, then a dense layer on the pooled output). It trains on
-the same token shards, with the same per-worker batch, learning rate (after the cell's scaling),
-AdamW with no decay on biases and LayerNorm, linear warm-up then decay, epochs and seed.
+Started by ``launcher.py``, one per rank; ``--workers``/``--index`` become this process's ``TF_CONFIG``
+(set before TensorFlow is imported, as TensorFlow reads it then). The model (``model.py``) is a second
+implementation of the shared loop's shape, not the same code. It trains on the same token shards, with
+the same per-worker batch, learning rate (after the cell's scaling), AdamW recipe, schedule, epochs and seed.
 
 Timing is ``pipelines.training.record``'s, as for every platform: ``data`` is the wait for the next
 batch of this rank's shard; a step is three TensorFlow graphs, forward and backward (``compute``), the
 ring all-reduce of the gradients as one flat buffer (``communication``, as DDP's comm hook times its
 buckets), AdamW's update (``compute``). Each epoch ends with the held-out evaluation (sharded over the
-ranks, summed) and a checkpoint (``tf.train.Checkpoint``, every rank writes, rank 0 into
-``<cell>/tf_checkpoint``, as MultiWorkerMirroredStrategy requires);
-an attempt that finds one resumes from it. Rank 0 then tests every test row on its own copy of the
-weights and writes ``worker_result.json``.
+ranks, summed) and a checkpoint (``save_checkpoint``); an attempt that finds one resumes from it. Rank 0
+then tests every test row on its own copy of the weights and writes ``worker_result.json``.
 """
 
 from __future__ import annotations
@@ -41,9 +31,9 @@ from types import SimpleNamespace
 
 CHECKPOINT_DIR = "tf_checkpoint"
 STATE_FILE = "record.json"  # the TrainingRecord's state beside the checkpoint
-STOP_GRACE_S = 10.0
 BEAT_INTERVAL_S = 0.25  # rank 0's heartbeat, as pipelines.training.process's
 HOST_ENV = "BENCHMARK_HOST"  # an emulated host's name (pipelines.cluster), as the torch ranks read it
+HOST_IFNAME = "eth0"  # an emulated host's cluster interface (pipelines.training.distributed.HOST_IFNAME)
 
 
 def tf_config(workers: list[str], index: int) -> dict:
@@ -54,24 +44,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cell-dir", required=True)
     parser.add_argument("--launch-time", type=float, required=True)
-    parser.add_argument("--workers", help="host:port of every rank, comma-separated")
-    who = parser.add_mutually_exclusive_group(required=True)
-    who.add_argument("--index", type=int, help="this process is that rank")
-    who.add_argument("--ranks", help="start these ranks (comma-separated) as children")
-    who.add_argument("--nproc", type=int, help="start this many ranks on loopback ports")
+    parser.add_argument("--workers", required=True, help="host:port of every rank, comma-separated")
+    parser.add_argument("--index", type=int, required=True, help="this process's rank")
     args = parser.parse_args(argv)
-    if args.nproc is not None:
-        sockets = [socket.socket() for _ in range(args.nproc)]
-        for sock in sockets:  # held together: N different ports, released just before the ranks bind them
-            sock.bind(("127.0.0.1", 0))
-        args.workers = ",".join(f"127.0.0.1:{sock.getsockname()[1]}" for sock in sockets)
-        for sock in sockets:
-            sock.close()
-        args.ranks = ",".join(map(str, range(args.nproc)))
-    if not args.workers:
-        raise SystemExit("--workers is needed with --index and --ranks")
-    if args.ranks is not None:
-        raise SystemExit(launch_ranks([int(r) for r in args.ranks.split(",")], args))
     workers = args.workers.split(",")
     if not 0 <= args.index < len(workers):
         raise SystemExit(f"--index {args.index} is not a rank of {len(workers)} worker(s)")
@@ -79,38 +54,6 @@ def main(argv: list[str] | None = None) -> None:
     # TensorFlow's C++ start-up chatter; on a host without a GPU also its "failed call to cuInit" ERROR line
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2" if shutil.which("nvidia-smi") else "3")
     train(Path(args.cell_dir), args.launch_time, args.index, len(workers))
-
-
-def launch_ranks(ranks: list[int], args) -> int:
-    """Start ``ranks`` as children; -> the first failure's exit code (0: all finished). A child
-    failing, or SIGTERM here, stops the others (SIGTERM, then SIGKILL after ``STOP_GRACE_S``)."""
-    import signal
-    import subprocess
-    import sys
-
-    from pipelines.cluster.processes import _die_with_parent, stop_tree
-
-    children = [subprocess.Popen([sys.executable, "-m", __spec__.name, "--cell-dir", args.cell_dir,  # noqa: PLW1509
-                                  "--launch-time", repr(args.launch_time), "--workers", args.workers,
-                                  "--index", str(rank)], preexec_fn=_die_with_parent) for rank in ranks]
-
-    def stop(signum, _frame):
-        stop_tree(children, STOP_GRACE_S)
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, stop)
-    try:
-        while True:
-            codes = [c.poll() for c in children]
-            failed = next((code for code in codes if code not in (None, 0)), None)
-            if failed is not None:
-                print(f"a rank exited with {failed}: stopping the others", flush=True)
-                return failed
-            if all(code == 0 for code in codes):
-                return 0
-            time.sleep(0.1)
-    finally:
-        stop_tree(children, STOP_GRACE_S)
 
 
 def train(cell_dir: Path, launch_time: float, rank: int, world_size: int) -> None:
@@ -154,6 +97,7 @@ def train(cell_dir: Path, launch_time: float, rank: int, world_size: int) -> Non
     record = TrainingRecord.from_state(state, samples_per_epoch=steps_per_epoch * batch * world_size)
 
     graphs = step_graphs(strategy, model, optimizer, global_batch=batch * world_size)
+    step_tx, steps_trained = None, 0
     epoch_end, last_beat = _epoch_end_hook(), 0.0
 
     def beat(epoch: int, step: int) -> None:  # rank 0: where training is (faults wait on it)
@@ -165,9 +109,13 @@ def train(cell_dir: Path, launch_time: float, rank: int, world_size: int) -> Non
     for epoch in range(record.epochs_done, cfg.training.epochs):
         order = np.random.default_rng(cfg.training.seed + epoch).permutation(len(train_rows[2]))
         mine = order[rank::world_size][:steps_per_epoch * batch]
+        sent = _link_tx_bytes()
         with record.phase("train"):
             sums = train_epoch(graphs, record, _batches(train_rows, mine, batch, steps_per_epoch),
                                lambda step: beat(epoch + 1, step))
+        if sent is not None:  # this host's link during the steps alone (no start-up, evaluation, checkpoint)
+            step_tx = (step_tx or 0) + _link_tx_bytes() - sent
+        steps_trained += steps_per_epoch
         with record.phase("eval"):  # rank r: rows r, r+W, ... summed over the ranks
             held = evaluate_rows(graphs, _batches(validation_rows, np.arange(rank, len(validation_rows[2]), world_size),
                                                   batch))
@@ -180,10 +128,11 @@ def train(cell_dir: Path, launch_time: float, rank: int, world_size: int) -> Non
               f"eval accuracy {record.history[-1].eval_accuracy:.3f}", flush=True)
         if epoch_end is not None:  # after the checkpoint, as the shared loop calls it (tests inject faults)
             epoch_end(epoch=record.epochs_done, rank=rank, cell_dir=cell_dir)
+    link = link_bytes_per_step(graphs, step_tx, steps_trained, first_on_host=_first_on_host(rank))
     if rank == 0:
         _finish(spec, record, model, test_rows, launch_time, world_size, steps_per_epoch,
                 checkpoint_path, len(train_rows[2]),
-                comm_bytes_per_step=graphs.payload_bytes if world_size > 1 else None)
+                comm_bytes_per_step=graphs.payload_bytes if world_size > 1 else None, link_bytes_per_step=link)
 
 
 def step_graphs(strategy, model, optimizer, *, global_batch: int):
@@ -250,6 +199,34 @@ def evaluate_rows(graphs, batches) -> list[float]:
     for ids, mask, labels in batches:
         held += [float(v) for v in graphs.evaluate(ids, mask, labels)]
     return graphs.all_reduce(tf.constant(held, tf.float32)).numpy().tolist()
+
+
+def _link_tx_bytes() -> int | None:
+    """Bytes this launch host's cluster interface sent (``pipelines.training.distributed.link_tx_bytes``,
+    which imports torch), or None off a launch host (one host: no link)."""
+    if not os.environ.get(HOST_ENV):
+        return None
+    try:
+        return int(Path(f"/sys/class/net/{HOST_IFNAME}/statistics/tx_bytes").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _first_on_host(rank: int) -> bool:
+    """Whether ``rank`` is the first of its host's ranks in TF_CONFIG (the one that counts its link)."""
+    workers = json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"]
+    host = workers[rank].rpartition(":")[0]
+    return next(k for k, w in enumerate(workers) if w.rpartition(":")[0] == host) == rank
+
+
+def link_bytes_per_step(graphs, step_tx: int | None, steps: int, *, first_on_host: bool) -> float | None:
+    """What all hosts' links sent per training step (every rank joins: a collective), as the torch
+    ranks report it (``CellResult.link_bytes_per_train_step``); None on one host."""
+    import tensorflow as tf
+
+    mine = [float(step_tx or 0) if first_on_host else 0.0, 0.0 if step_tx is None else 1.0]
+    total, known = graphs.all_reduce(tf.constant(mine, tf.float32)).numpy().tolist()
+    return total / steps if steps and known == len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"]) else None
 
 
 def _epoch_end_hook():
@@ -329,7 +306,8 @@ def _resume(checkpoint, folder: Path) -> dict | None:
 
 
 def _finish(spec, record, model, test_rows, launch_time: float, world_size: int, steps_per_epoch: int,
-            checkpoint_path: str, train_samples: int, comm_bytes_per_step: float | None) -> None:
+            checkpoint_path: str, train_samples: int, comm_bytes_per_step: float | None,
+            link_bytes_per_step: float | None) -> None:
     """Rank 0: every test row on this rank's weights, the exported model, ``worker_result.json``."""
     import keras
     import numpy as np
@@ -366,7 +344,7 @@ def _finish(spec, record, model, test_rows, launch_time: float, world_size: int,
         work_end=time.time(), peak_memory_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         checkpoint_path=checkpoint_path, model_path=str(model_path), resumed_from_epoch=record.resumed_from_epoch,
         versions=_versions(), host=host, **cfg.strategy().result_fields(), steps_per_epoch=steps_per_epoch,
-        comm_bytes_per_step=comm_bytes_per_step, rank_steps=[record.rank_steps(0, host)],
+        comm_bytes_per_step=comm_bytes_per_step, link_bytes_per_train_step=link_bytes_per_step, rank_steps=[record.rank_steps(0, host)],
     )
     result.write(spec.cell.worker_result)
     print(f"test accuracy {test.accuracy:.3f} (rank 0 of {world_size})", flush=True)

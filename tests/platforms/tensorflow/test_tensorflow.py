@@ -159,5 +159,8 @@ def test_a_cell_across_two_emulated_hosts(tmp_path, imdb_dir, bert_tiny_dir):
     moved = json.loads(paths.cell("tensorflow", 2, 0).link_bytes.read_text())
     for host, counts in moved.items():  # the gradients crossed the link, both ways
         assert counts["tx"] > MB and counts["rx"] > MB, (host, counts)
+    # a ring all-reduce of 2: each host sends its half and receives the other's, twice (reduce, then gather)
+    assert result.link_bytes_per_train_step >= 0.9 * 2 * result.comm_bytes_per_step, result.link_bytes_per_train_step
     print(f"\ntensorflow across 2 hosts @100mbit: total {result.total_seconds:.1f}s, phases {json.dumps(result.phases)}, "
-          f"bytes per step {result.link_bytes_per_step:.0f}")
+          f"link bytes per step {result.link_bytes_per_step:.0f} (training steps alone "
+          f"{result.link_bytes_per_train_step:.0f}), payload {result.comm_bytes_per_step:.0f}")
