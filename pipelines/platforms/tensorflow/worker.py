@@ -331,14 +331,16 @@ def _finish(spec, record, model, test_rows, launch_time: float, world_size: int,
     local.save(model_path)
     export_seconds = time.perf_counter() - start
     host = os.environ.get(HOST_ENV) or socket.gethostname()
+    gpus = tf.config.list_logical_devices("GPU")  # TensorFlow places the model on the first, where it finds one
+    device = f"gpu:{gpus[0].name}" if gpus else "cpu"
     result = CellResult(
-        backend=spec.backend, world_size=world_size, repeat=spec.repeat, device="cpu",
+        backend=spec.backend, world_size=world_size, repeat=spec.repeat, device=device,
         model_source="random_init", model_name=cfg.training.model_source, train_samples=train_samples,
         test_samples=len(labels), max_seq_len=cfg.data.max_seq_len, num_labels=spec.num_labels,
         batch_size_per_worker=cfg.training.batch_size, global_batch_size=cfg.training.batch_size * world_size,
         batch_policy=cfg.training.batch_policy, lr_scaling=cfg.training.lr_scaling,
         learning_rate=cfg.training.learning_rate, seed=cfg.training.seed,
-        devices=["cpu"] * world_size, epochs=record.history, test=test,
+        devices=[device] * world_size, epochs=record.history, test=test,
         **record.timings(launch_time, test_seconds),
         phases=record.cell_phases(launch_time, final_test_seconds=test_seconds, export_seconds=export_seconds),
         work_end=time.time(), peak_memory_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

@@ -79,7 +79,9 @@ def test_losing_the_rendezvous_host_fails_and_the_projects_retry_recovers(tmp_pa
     assert result.status == "ok" and len(result.epochs) == 3, result.error
     assert [a.outcome for a in result.attempts] == ["failed", "ok"]
     assert fault["host"] == "h0" and fault["victim"] == "coordinator" and fault["recovered_by"] == "project", fault
-    assert fault["platform_outcome"] == "failed" and fault["resumed_from_epoch"] == 1
+    # as above: on a loaded machine the kill can land after epoch 2's checkpoint (measured once in the heavy
+    # tier of 2026-12-06, beside other tests: resumed from epoch 2)
+    assert fault["platform_outcome"] == "failed" and fault["resumed_from_epoch"] in (1, 2), fault
     assert fault["world_size_before"] == 2 and fault["world_size_after_loss"] == 2  # the retry: both hosts
     print(f"\nelastic ddp lost h0 (its rendezvous store): {fault['platform_error'][:200]}; project retry, "
           f"training again {fault['recovery_seconds']:.1f}s later; test took {took:.0f}s")
