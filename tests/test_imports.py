@@ -32,9 +32,8 @@ def dynamic_imports() -> dict[str, list[str]]:
         "pipelines.engines": [f"pipelines.engines.{name}" for name in engines.ENGINES],  # their declarations
         "pipelines.run.services": [s.partition(":")[0] for s in engines.services()] +
                                   [s.partition(":")[0] for p in platforms.all_platforms() for s in p.services],
+        # plug-in platforms' packages; PIPELINES_EPOCH_END_HOOK: a test's or a user's module, never ours
         "pipelines.training.cell": [p.package for p in platforms.all_platforms() if not platforms.is_builtin(p)],
-        "pipelines.training.loop": [],  # PIPELINES_EPOCH_END_HOOK: a test's or a user's module, never ours
-        "pipelines.platforms.tensorflow.worker": [],  # the same hook, read where torch is not imported
     }
 
 

@@ -50,6 +50,22 @@ def import_platform(module: str, file: str) -> None:
         spec.loader.exec_module(sys.modules[module])
 
 
+EPOCH_END_HOOK_ENV = "PIPELINES_EPOCH_END_HOOK"
+
+
+def epoch_end_hook():
+    """The callable named by PIPELINES_EPOCH_END_HOOK (``module:function``), or None: called by every
+    platform's ranks after each epoch's checkpoint (tests inject faults through it). Here, torch-free,
+    for the ranks of a platform whose framework is not torch."""
+    import os
+
+    target = os.environ.get(EPOCH_END_HOOK_ENV)
+    if not target:
+        return None
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
 class CellSpec(BaseModel):
     """What a worker needs to know about its cell."""
 

@@ -31,9 +31,7 @@ faults at a known point: tests/fault_injection.py); a platform's own trial resol
 
 from __future__ import annotations
 
-import importlib
 import logging
-import os
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -44,7 +42,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from pipelines.config import BenchmarkConfig
 from pipelines.training import checkpoint as ckpt
-from pipelines.training.cell import CellSpec
+from pipelines.training.cell import EPOCH_END_HOOK_ENV, CellSpec, epoch_end_hook
 from pipelines.training.distributed import DistEnv, TorchDistributed, all_reduce_sum, link_tx_bytes
 from pipelines.training.engine import TorchEngine
 from pipelines.training.model import build_model
@@ -58,16 +56,6 @@ from pipelines.training.steps import (build_optimizer, eval_loader, evaluate, lo
 __all__ = ["EPOCH_END_HOOK_ENV", "epoch_end_hook", "run_training"]
 
 log = logging.getLogger("pipelines.training")
-EPOCH_END_HOOK_ENV = "PIPELINES_EPOCH_END_HOOK"
-
-
-def epoch_end_hook():
-    """The callable named by PIPELINES_EPOCH_END_HOOK (``module:function``), or None."""
-    target = os.environ.get(EPOCH_END_HOOK_ENV)
-    if not target:
-        return None
-    module, _, name = target.partition(":")
-    return getattr(importlib.import_module(module), name)
 
 
 # --- the loop ------------------------------------------------------------------------------

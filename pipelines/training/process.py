@@ -9,7 +9,7 @@ under torchrun and the platforms that run it; a platform's own Trainer for its t
 - the training record (``pipelines.training.record``: phases and per-epoch metrics), continued
   from a checkpoint's on resume;
 - the epoch-end hook after each epoch's checkpoint (``PIPELINES_EPOCH_END_HOOK``, resolved by
-  ``pipelines.training.loop.epoch_end_hook``: tests inject faults through it);
+  ``pipelines.training.cell.epoch_end_hook``: tests inject faults through it);
 - at the end, every rank's device and placement, and rank 0's final test, exported model and
   ``<cell>/worker_result.json`` (``pipelines.training.outcome``).
 

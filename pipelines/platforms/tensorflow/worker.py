@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def train(cell_dir: Path, launch_time: float, rank: int, world_size: int) -> None:
     from pipelines.platforms.tensorflow.model import build_classifier, build_optimizer
-    from pipelines.training.cell import CellSpec
+    from pipelines.training.cell import CellSpec, epoch_end_hook
     from pipelines.training.record import TrainingRecord
 
     from pipelines.measure import attempts
@@ -98,7 +98,7 @@ def train(cell_dir: Path, launch_time: float, rank: int, world_size: int) -> Non
 
     graphs = step_graphs(strategy, model, optimizer, global_batch=batch * world_size)
     step_tx, steps_trained = None, 0
-    epoch_end, last_beat = _epoch_end_hook(), 0.0
+    epoch_end, last_beat = epoch_end_hook(), 0.0
 
     def beat(epoch: int, step: int) -> None:  # rank 0: where training is (faults wait on it)
         nonlocal last_beat
@@ -227,18 +227,6 @@ def link_bytes_per_step(graphs, step_tx: int | None, steps: int, *, first_on_hos
     mine = [float(step_tx or 0) if first_on_host else 0.0, 0.0 if step_tx is None else 1.0]
     total, known = graphs.all_reduce(tf.constant(mine, tf.float32)).numpy().tolist()
     return total / steps if steps and known == len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"]) else None
-
-
-def _epoch_end_hook():
-    """``PIPELINES_EPOCH_END_HOOK`` (``module:function``), as ``pipelines.training.loop.epoch_end_hook``
-    resolves it for the torch ranks (that module imports torch)."""
-    import importlib
-
-    target = os.environ.get("PIPELINES_EPOCH_END_HOOK")
-    if not target:
-        return None
-    module, _, name = target.partition(":")
-    return getattr(importlib.import_module(module), name)
 
 
 def _split(spec, split: str):
