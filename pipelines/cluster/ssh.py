@@ -55,7 +55,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-HOST_ENV = "BENCHMARK_HOST"  # = pipelines.training.distributed.HOST_ENV (which imports torch)
+HOST_ENV = "BENCHMARK_HOST"  # = pipelines.training.host.HOST_ENV (cluster/ sits beside training/)
 # what reaches the remote program's environment: the launch's own variables and what Python, torch,
 # Hugging Face and the launchers read; anything else (a cloud key, a password) stays on this machine
 FORWARDED_PREFIXES = ("BENCHMARK_", "OMP_", "MKL_", "TORCH", "PYTORCH_", "NCCL_", "GLOO_", "TP_", "CUDA_", "DS_",

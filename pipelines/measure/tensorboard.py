@@ -61,10 +61,13 @@ def timeline_scalars(result: CellResult, cell: CellPaths) -> list[tuple[str, flo
 def write_events(result: CellResult, cell: CellPaths) -> CellPaths:
     """Replace ``<cell>/tensorboard`` with the event files of ``result`` (a retried cell's
     earlier files go: one run per cell folder)."""
-    from torch.utils.tensorboard import SummaryWriter
+    # tensorboardX, not torch.utils.tensorboard: torch's imports TensorFlow whenever it is installed
+    # (tensorboard.compat, for tf.io.gfile), which the TensorFlow platform's environment is: ~10 s of
+    # every cell's finish on a loaded core, for files both write the same
+    from tensorboardX import SummaryWriter
 
     shutil.rmtree(cell.tensorboard, ignore_errors=True)
-    with SummaryWriter(log_dir=str(cell.tensorboard)) as writer:
+    with SummaryWriter(str(cell.tensorboard)) as writer:
         for tag, value, step in scalars(result):
             writer.add_scalar(tag, float(value), global_step=step)
         for tag, value, step, walltime in timeline_scalars(result, cell):

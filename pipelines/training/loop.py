@@ -43,7 +43,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from pipelines.config import BenchmarkConfig
 from pipelines.training import checkpoint as ckpt
 from pipelines.training.cell import EPOCH_END_HOOK_ENV, CellSpec, epoch_end_hook
-from pipelines.training.distributed import DistEnv, TorchDistributed, all_reduce_sum, link_tx_bytes
+from pipelines.training.distributed import DistEnv, TorchDistributed, all_reduce_sum
+from pipelines.training.host import link_tx_bytes
 from pipelines.training.engine import TorchEngine
 from pipelines.training.model import build_model
 from pipelines.training.outcome import all_gather_json, step_link_bytes

@@ -21,7 +21,8 @@ from pipelines import platforms
 from pipelines.training.cell import CellSpec
 from pipelines.runfolder.paths import CellPaths
 from pipelines.runfolder.results import CellResult, TestMetrics
-from pipelines.training.distributed import DistEnv, device_name, placement
+from pipelines.training.distributed import DistEnv, device_name
+from pipelines.training.host import placement
 from pipelines.training.messages import MAX_GATHERED_BYTES as MAX_GATHERED_BYTES, all_gather_json
 from pipelines.training.record import TrainingRecord
 

@@ -37,7 +37,8 @@ from pipelines.measure import attempts
 from pipelines.measure.process_kinds import write_rank_pid
 from pipelines.runfolder.results import CellResult, RankSteps
 from pipelines.training.cell import CellSpec
-from pipelines.training.distributed import HOST_ENV, DistEnv
+from pipelines.training.distributed import DistEnv
+from pipelines.training.host import HOST_ENV
 from pipelines.training.outcome import (all_gather_json, timed_export, worker_devices, worker_result,
                                         write_worker_result)
 from pipelines.training.record import TrainingRecord

@@ -60,9 +60,9 @@ def test_entries_argv_and_remote_command():
     with pytest.raises(ValueError, match="host names must differ"):
         ssh_hosts(["a:1", "a:2"])
     from pipelines.cluster import ssh
-    from pipelines.training import distributed
+    from pipelines.training import host
 
-    assert ssh.HOST_ENV == distributed.HOST_ENV  # what the ranks read back (placement)
+    assert ssh.HOST_ENV == host.HOST_ENV  # what the ranks read back (placement)
 
 
 _NO_NETNS = why_unavailable()

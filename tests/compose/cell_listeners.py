@@ -110,8 +110,9 @@ def evidence(watcher: Watcher, cells: list[tuple[str, int]], check_error: type[E
     missing = [c for c in wanted if c not in seen]
     one_host = {c: s for c, s in seen.items() if c.rpartition("-w")[0] in ONE_HOST_BACKENDS}
     exposed = {c: sorted(s["in_container"]) for c, s in one_host.items() if s["in_container"] or not s["isolated"]}
-    # a cell on the stack's Spark cluster: its driver process (pipelines/platforms/driver.py) runs in the
-    # worker's namespace, since the cluster's executors on other containers connect back to it
+    # a cell on the stack's Spark or Ray cluster: its driver process (pipelines/platforms/driver.py) runs in
+    # the worker's namespace (Spark's executors on other containers connect back to it; Ray Client's
+    # driver connects out to the head)
     on_cluster = {c: sorted(s["in_container"]) for c, s in seen.items() if c not in one_host}
     polls = sum(len(s) for s in watcher.samples.values())
     if not wanted or missing:
@@ -124,8 +125,7 @@ def evidence(watcher: Watcher, cells: list[tuple[str, int]], check_error: type[E
              f"{', '.join(sorted(s['own'])) or 'nothing'})" for c, s in sorted(one_host.items())]
     line = (f"(h) {polls} polls of the Celery workers while the run trained: every one-host cell's process ran in "
             f"a network namespace of its own (none listened in the worker's): " + "; ".join(parts)
-            + "; the drivers of cells on the stack's Spark cluster, in the worker's namespace (its executors "
-            "connect back): " + ("; ".join(f"{c} on {', '.join(a) or 'nothing'}" for c, a in sorted(on_cluster.items()))
+            + "; the drivers of cells on the stack's Spark or Ray cluster, in the worker's namespace: " + ("; ".join(f"{c} on {', '.join(a) or 'nothing'}" for c, a in sorted(on_cluster.items()))
                                  or "none")
             + "; the workers' own listeners beyond loopback: "
             + ("; ".join(f"{p} on {', '.join(sorted(a))}" for p, a in sorted(others.items())) or "none"))

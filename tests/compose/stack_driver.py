@@ -17,7 +17,11 @@ published ports are on that namespace's 127.0.0.1). Standard library only. Steps
    (e) hardening: no container process runs as root; the published ports listen on loopback only.
    (f), (g) stack_security.py: the workers' MLflow user's rights; no root or .env mount;
    (h) cell_listeners.py: polled inside the Celery workers while cells train, each one-host cell
-       runs in a network namespace of its own, listening on nothing in the worker's.
+       runs in a network namespace of its own, listening on nothing in the worker's;
+   (i) the run's network namespace made and entered inside a Celery worker;
+   (j) the Ray cell: its driver in a Celery worker joined the stack's standing Ray cluster
+       (ray-head) through Ray Client, its ranks ran on the ray-worker container, its log holds
+       none of Ray's benign "Failed to query" noise, and the cluster still stands after it.
 
 Exit status 0 when the run succeeded and every check passed, 1 otherwise (message says which).
 """
@@ -272,7 +276,7 @@ def evidence_mlflow(stack: Stack, run_id: str, wanted: int) -> tuple[str, dict]:
     files = stack.exec("mlflow", "cd /mlflow/artifacts && find . -type f").split()
     per_run = {r["run_uuid"]: [f for f in files if f"/{r['run_uuid']}/" in f] for r in runs}
     finished = [r for r in runs if r["status"] == "FINISHED"]
-    cells = [r for r in finished if any(b in r["name"] for b in ("ddp", "spark", "determined"))]
+    cells = [r for r in finished if any(b in r["name"] for b in ("ddp", "spark", "determined", "ray"))]
     with_files = [r for r in runs if per_run[r["run_uuid"]]]
     if len(finished) < wanted or len(cells) < wanted - 1 or len(with_files) < wanted:
         raise Check(f"(c) expected a parent + {wanted - 1} cell runs FINISHED with artifacts; PostgreSQL has {runs}, "
@@ -285,6 +289,57 @@ def evidence_mlflow(stack: Stack, run_id: str, wanted: int) -> tuple[str, dict]:
             f"e.g. {sample.lstrip('./')}; without credentials the server answers 401")
     return line, {"runs": runs, "artifact_files": len(files),
                   "files_per_run": {k: len(v) for k, v in per_run.items()}}
+
+
+RAY_ADDRESS = "ray://ray-head:10001"
+RAY_NOISE = "Failed to query Ray Train Controller actor state"  # pipelines/platforms/ray/logs.py
+
+
+def evidence_ray(stack: Stack, tis: list[dict], cells: list[tuple[str, int]]) -> tuple[str, dict]:
+    """(j) each Ray cell's result, read from the run volume on ray-worker: it joined the stack's
+    cluster (platform_mode "cluster"; its train task, where the driver runs, on a Celery worker) and
+    every rank ran on ray-worker."""
+    wanted = [f"ray-w{w}-r0" for b, w in cells if b == "ray"]
+    drivers = {}  # cell -> the Celery worker that ran its train task (rendered "ray default local x2 r0")
+    for ti in tis:
+        name = str(ti["rendered_map_index"]).split()
+        if ti["task_id"].startswith("train.w") and ti["state"] == "success" and name[0] == "ray":
+            drivers[f"ray-w{next(p for p in name if p.startswith('x'))[1:]}-r0"] = ti["hostname"]
+    if not wanted:
+        raise Check(f"(j) the run trained no Ray cell: {cells}")
+    ray_nodes, celery, head = (stack.containers("ray-worker"), stack.containers("airflow-worker"),
+                               stack.containers("ray-head"))
+    found: dict[str, dict] = {}
+    for cell in wanted:
+        folder = stack.exec("ray-worker", f"ls -d /opt/runs/*/cells/{cell} | head -1").strip()
+        result = json.loads(stack.exec("ray-worker", f"cat {folder}/result.json"))
+        noise = int(stack.exec("ray-worker", f"grep -c '{RAY_NOISE}' {folder}/train.log || true").strip() or 0)
+        hosts = sorted({p.split()[0] for p in result.get("placements", []) if p.strip()})
+        found[cell] = {"folder": folder, "status": result.get("status"), "platform_mode": result.get("platform_mode"),
+                       "driver_host": drivers.get(cell), "rank_hosts": hosts, "noise_lines": noise,
+                       "test_accuracy": (result.get("test") or {}).get("accuracy")}
+        if (result.get("status") != "ok" or result.get("platform_mode") != "cluster"
+                or drivers.get(cell) not in celery or not hosts or not set(hosts) <= set(ray_nodes) or noise):
+            raise Check(f"(j) {cell} did not run on the stack's Ray cluster as it should: {found[cell]} "
+                        f"(ray-worker hostnames {sorted(ray_nodes)}, Celery workers {sorted(celery)}, "
+                        f"ray-head {sorted(head)})")
+    address = {name: subprocess.run(["docker", "exec", name, "printenv", "BENCHMARK_RAY_ADDRESS"],
+                                    capture_output=True, text=True, timeout=60).stdout.strip()
+               for name in celery.values()}
+    if set(address.values()) != {RAY_ADDRESS}:
+        raise Check(f"(j) BENCHMARK_RAY_ADDRESS in the Celery workers is {address}, want {RAY_ADDRESS}")
+    status = stack.exec("ray-head", "ray status --address ray-head:6379")
+    active = [ln for ln in status.split("Pending:")[0].splitlines() if ln.strip().startswith("1 node_")]
+    if len(active) != 1 + len(ray_nodes):
+        raise Check(f"(j) after the run the Ray cluster has {len(active)} active nodes, want the head and "
+                    f"{len(ray_nodes)} worker(s):\n{status}")
+    line = (f"(j) Ray cells joined the stack's standing Ray cluster at {RAY_ADDRESS} (Ray Client, the Celery "
+            f"workers' BENCHMARK_RAY_ADDRESS, token from the secret): "
+            + "; ".join(f"{c}: driver on {celery[f['driver_host']]}, {len(f['rank_hosts'])} rank host(s) "
+                        f"{', '.join(ray_nodes[h] for h in f['rank_hosts'])}, test accuracy {f['test_accuracy']}, "
+                        f"0 lines of Ray's benign noise" for c, f in found.items())
+            + f"; after the run `ray status` shows {len(active)} active nodes (ray-head with 0 CPUs, ray-worker)")
+    return line, {"cells": found, "worker_env": address, "ray_status": status}
 
 
 def evidence_hardening(stack: Stack) -> tuple[str, dict]:
@@ -336,10 +391,9 @@ def main() -> int:
         result["pool"] = set_pool(api, int(os.environ.get("BENCHMARK_TRAINING_SLOTS") or 2))
         pool = result["pool"]
         lines.append(f"pool {POOL}: {pool['slots']} slots ({pool['how']} through the REST API)")
-        # The Spark master comes from the stack (BENCHMARK_SPARK_MASTER). The stack's evidence is
-        # about Airflow, Celery, Spark, Determined and MLflow as deployed; Ray's local cluster per
-        # cell is checked natively (tests/platforms/ray/test_ray.py), not inside the containers.
-        conf = {"profile": "smoke", "backends": ["ddp", "spark", "determined"], "worker_counts": [2]}
+        # The Spark master and the Ray cluster come from the stack (BENCHMARK_SPARK_MASTER,
+        # BENCHMARK_RAY_ADDRESS): the trigger names neither.
+        conf = {"profile": "smoke", "backends": ["ddp", "spark", "determined", "ray"], "worker_counts": [2]}
         result["conf"] = conf
         watcher = None  # (h) needs the run watched while it trains: not with --run-id
         if args.run_id:
@@ -376,7 +430,8 @@ def main() -> int:
                            ("g_mounts", lambda: stack_security.evidence_mounts(stack)),
                            ("h_cell_listeners", lambda: cell_listeners.evidence(watcher, cells, Check)),
                            ("i_run_namespace", lambda: cell_listeners.evidence_run_namespace(
-                               sorted(stack.containers("airflow-worker").values())[0], Check))):
+                               sorted(stack.containers("airflow-worker").values())[0], Check)),
+                           ("j_ray_cluster", lambda: evidence_ray(stack, tis, cells))):
             if key.startswith("h_") and watcher is None:
                 continue
             line, detail = check()

@@ -23,11 +23,14 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 MAIN, TEST, GPU = "docker-compose.yaml", "docker-compose.test.yaml", "docker-compose.gpu.yaml"
-PROJECT_SERVICES = ("mlflow", "mlflow-init", "spark-master", "spark-worker", "airflow-init", "airflow-apiserver",
-                    "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer", "airflow-worker")
+PROJECT_SERVICES = ("mlflow", "mlflow-init", "spark-master", "spark-worker", "ray-head", "ray-worker", "airflow-init",
+                    "airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer",
+                    "airflow-worker")
 SECRETS = ("POSTGRES_PASSWORD", "REDIS_PASSWORD", "AIRFLOW_ADMIN_PASSWORD", "AIRFLOW_JWT_SECRET",
            "AIRFLOW_SECRET_KEY", "AIRFLOW_FERNET_KEY", "MLFLOW_ADMIN_PASSWORD", "MLFLOW_WORKER_PASSWORD",
-           "MLFLOW_SECRET_KEY", "SPARK_AUTH_SECRET")
+           "MLFLOW_SECRET_KEY", "SPARK_AUTH_SECRET", "RAY_AUTH_TOKEN")
+# secrets that reach containers as files (Compose's top-level secrets), never as a variable
+FILE_SECRETS = {"RAY_AUTH_TOKEN": "ray_auth_token"}
 CODE_MOUNTS = {"./dags:/opt/project/dags:ro", "./plugins:/opt/project/plugins:ro",
                "./pipelines:/opt/project/pipelines:ro"}
 _VAR = re.compile(r"\$\$|\$\{([^}]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
@@ -84,8 +87,11 @@ def _raw(name: str = MAIN) -> dict:
 
 
 def render(env: dict[str, str] | None = None, name: str = MAIN) -> dict:
-    """One compose file with merge keys resolved and variables interpolated from ``env``."""
-    doc = {k: v for k, v in _raw(name).items() if not k.startswith("x-")}
+    """One compose file with merge keys resolved and variables interpolated from ``env``. Compose
+    interpolates the extension fields too (a required variable there refuses the file), then they go."""
+    raw = _raw(name)
+    _interpolate({k: v for k, v in raw.items() if k.startswith("x-")}, dict(env or {}))
+    doc = {k: v for k, v in raw.items() if not k.startswith("x-")}
     return _interpolate(doc, dict(env or {}))
 
 
@@ -156,9 +162,13 @@ def test_no_default_or_public_secret_values():
         for secret in SECRETS:
             assert not re.search(r"\$\{" + secret + r":?-", text), f"{name}: {secret} has a default"
     env = secrets_env()
-    rendered = json.dumps(render(env))
+    rendered = render(env)
     for secret in SECRETS:
-        assert env[secret] in rendered, f"{secret} is not used by the stack"
+        if secret in FILE_SECRETS:  # a file in /run/secrets: its value is in no service's definition
+            assert env[secret] not in json.dumps(rendered["services"]), f"{secret} reaches a service as a value"
+            assert rendered["secrets"][FILE_SECRETS[secret]] == {"environment": secret}
+        else:
+            assert env[secret] in json.dumps(rendered), f"{secret} is not used by the stack"
 
 
 def test_make_env_generates_fresh_url_safe_secrets():
@@ -178,7 +188,7 @@ def test_every_published_port_binds_loopback_by_default():
             assert host_ip == "127.0.0.1", f"{name} publishes {port} on {host_ip}"
             published[target] = name
     assert published == {"8080": "airflow-apiserver", "5000": "mlflow", "7077": "spark-master",
-                         "8081": "spark-master"}
+                         "8081": "spark-master", "10001": "ray-head"}
     for name in ("postgres", "redis"):
         assert not render(secrets_env())["services"][name].get("ports"), f"{name} must not be published"
 
@@ -186,7 +196,7 @@ def test_every_published_port_binds_loopback_by_default():
 def test_bind_address_opts_in_to_other_interfaces_except_the_spark_ui():
     services = render(secrets_env(BIND_ADDRESS="0.0.0.0"))["services"]
     ips = {target: host_ip for s in services.values() for host_ip, _, target in _ports(s)}
-    assert ips == {"8080": "0.0.0.0", "5000": "0.0.0.0", "7077": "0.0.0.0", "8081": "127.0.0.1"}
+    assert ips == {"8080": "0.0.0.0", "5000": "0.0.0.0", "7077": "0.0.0.0", "8081": "127.0.0.1", "10001": "0.0.0.0"}
 
 
 # --- hardening: Spark, MLflow, users ------------------------------------------------------
@@ -249,6 +259,37 @@ def test_workers_log_as_their_own_mlflow_user_never_the_admin():
     assert "COPY docker/mlflow_init.py /usr/local/bin/mlflow-init" in (ROOT / "Dockerfile").read_text()
 
 
+def test_ray_cells_submit_to_the_standing_ray_cluster_with_its_token_as_a_secret():
+    """The stack's Ray: a head that trains nothing and a worker node; the Celery workers' Ray cells
+    join it through Ray Client (a deployment field: a trigger cannot point them elsewhere), and
+    the nodes and those drivers alone hold the token, as a file (Compose's secret), never a variable."""
+    services = render(secrets_env())["services"]
+    head, node, worker = services["ray-head"], services["ray-worker"], services["airflow-worker"]
+    assert "--head" in head["command"] and "--num-cpus=0" in head["command"]
+    assert "--ray-client-server-port=10001" in head["command"] and "--include-dashboard=false" in head["command"]
+    assert "--address=ray-head:6379" in node["command"]
+    assert node["depends_on"] == {"ray-head": {"condition": "service_healthy"}}
+    assert worker["environment"]["BENCHMARK_RAY_ADDRESS"] == "ray://ray-head:10001"
+    holders = sorted(n for n, s in services.items() if s.get("secrets"))
+    assert holders == ["airflow-worker", "ray-head", "ray-worker"]
+    for name in holders:
+        secret, = services[name]["secrets"]
+        assert secret["source"] == "ray_auth_token" and secret["mode"] == 0o444, name
+        assert "uid" not in secret, name  # Docker would look the image's user up on the host: "getent unable to find"
+        env = services[name]["environment"]
+        assert env["RAY_AUTH_MODE"] == "token" and env["RAY_AUTH_TOKEN_PATH"] == "/run/secrets/ray_auth_token"
+        assert "RAY_AUTH_TOKEN" not in env, name
+
+
+def test_the_workers_ray_address_is_the_ray_cells_cluster():
+    """The Celery workers' variable is the deployment default of engines.ray.address (as the DAG reads it)."""
+    from pipelines.config import load_config
+    from pipelines.config.loading import site_defaults
+
+    worker = render(secrets_env())["services"]["airflow-worker"]["environment"]
+    assert load_config("smoke", site_defaults(worker)).engine("ray").address == "ray://ray-head:10001"
+
+
 # --- hardening: secrets at rest -------------------------------------------------------------
 
 def _bind_sources(service: dict) -> list[str]:
@@ -284,8 +325,9 @@ def test_no_service_mounts_the_project_root_or_env(name):
             assert CODE_MOUNTS <= mounts[airflow], airflow
         assert mounts["spark-master"] == set() and mounts["mlflow-init"] == set()
         assert mounts["mlflow"] == {"mlflow-artifacts:/mlflow/artifacts"}
-        assert mounts["spark-worker"] == {"./pipelines:/opt/project/pipelines:ro", "runs:/opt/runs",
-                                          "hf-cache:/opt/hf-cache"}
+        for node in ("spark-worker", "ray-head", "ray-worker"):  # they import pipelines and write the run folder
+            assert mounts[node] == {"./pipelines:/opt/project/pipelines:ro", "runs:/opt/runs",
+                                    "hf-cache:/opt/hf-cache"}, node
 
 
 def test_env_file_is_ignored_by_git_and_kept_out_of_build_contexts():

@@ -1,9 +1,9 @@
 """The docker-compose stack for real: scripts/compose_e2e.sh builds the images offline (Debian
 base from debootstrap, PyPI), starts every service of docker-compose.yaml with 2 Celery workers
 in a private network namespace, runs imdb_benchmark's smoke profile through Airflow's REST API
-with the Spark cells on the stack's Spark master, checks the evidence (the workers' MLflow user
-cannot create an experiment, no container mounts the project root or .env: stack_security.py)
-and tears it all down.
+with the Spark cells on the stack's Spark master and the Ray cell on its standing Ray cluster,
+checks the evidence (the workers' MLflow user cannot create an experiment, no container mounts
+the project root or .env: stack_security.py) and tears it all down.
 
 Part of `bash scripts/test.sh` (and so of CI): it exports BENCHMARK_COMPOSE_E2E=1 unless the
 caller set BENCHMARK_COMPOSE_E2E=0, which skips this module; run alone with
@@ -90,9 +90,11 @@ def _cells(stack_run) -> list[tuple[str, int]]:
 def test_smoke_dag_succeeds_through_the_stack(stack_run):
     result, timings = stack_run
     assert result["ok"] and result["run"]["state"] == "success"
-    # Deployment fields (the Spark master among them) cannot come from a trigger: the stack sets
-    # BENCHMARK_SPARK_MASTER in the Celery workers' environment (docker-compose.yaml, x-bench-env).
-    assert result["conf"] == {"profile": "smoke", "backends": ["ddp", "spark", "determined"], "worker_counts": [2]}
+    # Deployment fields (the Spark master and the Ray address among them) cannot come from a trigger: the
+    # stack sets BENCHMARK_SPARK_MASTER and BENCHMARK_RAY_ADDRESS in the Celery workers' environment
+    # (docker-compose.yaml, x-bench-env).
+    assert result["conf"] == {"profile": "smoke", "backends": ["ddp", "spark", "determined", "ray"],
+                              "worker_counts": [2]}
     assert result["pool"]["slots"] >= 2
     for phase in ("build", "up", "run", "down", "total"):
         assert phase in timings, f"no timing for {phase}"
@@ -137,7 +139,7 @@ def test_benchmarks_page_is_behind_login(stack_run):
 
 def test_stack_runs_non_root_and_listens_on_loopback_only(stack_run):
     check = stack_run[0]["checks"]["e_hardening"]
-    assert len(check["uids"]) == 11  # 10 long-running services, one of them twice (2 Celery workers)
+    assert len(check["uids"]) == 13  # 12 long-running services, one of them twice (2 Celery workers)
     assert all("0" not in uids for uids in check["uids"].values())
     assert check["listening"] and all(a.startswith("127.0.0.1:") for a in check["listening"])
 
@@ -151,7 +153,7 @@ def test_workers_mlflow_user_cannot_create_experiments_but_logs_the_benchmark(st
 
 def test_no_container_mounts_the_project_root_or_env(stack_run):
     mounts = stack_run[0]["checks"]["g_mounts"]["bind_mounts"]
-    assert len(mounts) >= 12  # 11 running + the one-shot init services
+    assert len(mounts) >= 14  # 13 running + the one-shot init services
     assert all(not m.split(":")[0].endswith(".env") for ms in mounts.values() for m in ms)
     assert all(m.split(":")[0] != str(ROOT) for ms in mounts.values() for m in ms)
 
@@ -166,7 +168,7 @@ def test_one_host_cells_listen_only_in_their_own_namespace_inside_the_celery_wor
     assert one_host and one_host <= set(check["cells"])
     assert all(c["isolated"] and not c["in_container"] for name, c in check["cells"].items() if name in one_host)
     assert any(c["own"] for name, c in check["cells"].items() if name in one_host)  # seen listening: not blind
-    # the Spark cell's driver process on the stack's cluster: in the worker's namespace, listed as such
+    # the Spark and Ray cells' driver processes on the stack's clusters: in the worker's namespace, listed as such
     assert set(check["cluster_cell_drivers"]) == set(check["cells"]) - one_host
 
 
@@ -180,3 +182,20 @@ def test_a_standing_clusters_namespace_is_made_and_entered_inside_a_celery_worke
     assert found["listening"] == [f"0.0.0.0:{found['port']} (loopback-only namespace)"]
     assert found["refused_from_the_container"] == found["tried"] and len(found["tried"]) == 2  # its address, lo
     assert found["stopped"] >= 2 and found["left"]
+
+
+def test_ray_cells_ran_on_the_standing_ray_service(stack_run):
+    """The Ray cell's driver in a Celery worker joined the stack's Ray cluster through Ray Client (the
+    workers' BENCHMARK_RAY_ADDRESS, the token from the Compose secret); every rank ran on the ray-worker
+    container (the head has no CPUs for them); the cell's log holds none of Ray's benign "Failed to
+    query" warnings; and the cluster still stands after the run (the cell only joined it)."""
+    check = stack_run[0]["checks"]["j_ray_cluster"]
+    ray = {f"ray-w{w}-r0" for b, w in _cells(stack_run) if b == "ray"}
+    assert ray and set(check["cells"]) == ray
+    workers = set(stack_run[0]["checks"]["a_celery_workers"]["workers"])
+    for cell in check["cells"].values():
+        assert cell["status"] == "ok" and cell["platform_mode"] == "cluster"
+        assert cell["driver_host"] in workers and cell["rank_hosts"] and not set(cell["rank_hosts"]) & workers
+        assert cell["noise_lines"] == 0
+    assert set(check["worker_env"].values()) == {"ray://ray-head:10001"} and len(check["worker_env"]) == 2
+    assert "Active:" in check["ray_status"]

@@ -137,7 +137,7 @@ def test_importing_backends_is_cheap():
 
 
 def test_placement_names_the_spark_executor_a_rank_ran_in():
-    from pipelines.training.distributed import placement
+    from pipelines.training.host import placement
 
     work = "/opt/spark/work/app-20261130202133-0001/3"  # <worker work dir>/<app id>/<executor id>
     executor = platforms.get("spark").workdir_placement  # the platform's, through its record

@@ -29,11 +29,11 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+from pipelines.training.host import HOST_ENV, link_tx_bytes  # torch-free, as the torch ranks measure it
+
 CHECKPOINT_DIR = "tf_checkpoint"
 STATE_FILE = "record.json"  # the TrainingRecord's state beside the checkpoint
 BEAT_INTERVAL_S = 0.25  # rank 0's heartbeat, as pipelines.training.process's
-HOST_ENV = "BENCHMARK_HOST"  # an emulated host's name (pipelines.cluster), as the torch ranks read it
-HOST_IFNAME = "eth0"  # an emulated host's cluster interface (pipelines.training.distributed.HOST_IFNAME)
 
 
 def tf_config(workers: list[str], index: int) -> dict:
@@ -109,12 +109,12 @@ def train(cell_dir: Path, launch_time: float, rank: int, world_size: int) -> Non
     for epoch in range(record.epochs_done, cfg.training.epochs):
         order = np.random.default_rng(cfg.training.seed + epoch).permutation(len(train_rows[2]))
         mine = order[rank::world_size][:steps_per_epoch * batch]
-        sent = _link_tx_bytes()
+        sent = link_tx_bytes()
         with record.phase("train"):
             sums = train_epoch(graphs, record, _batches(train_rows, mine, batch, steps_per_epoch),
                                lambda step: beat(epoch + 1, step))
         if sent is not None:  # this host's link during the steps alone (no start-up, evaluation, checkpoint)
-            step_tx = (step_tx or 0) + _link_tx_bytes() - sent
+            step_tx = (step_tx or 0) + link_tx_bytes() - sent
         steps_trained += steps_per_epoch
         with record.phase("eval"):  # rank r: rows r, r+W, ... summed over the ranks
             held = evaluate_rows(graphs, _batches(validation_rows, np.arange(rank, len(validation_rows[2]), world_size),
@@ -199,17 +199,6 @@ def evaluate_rows(graphs, batches) -> list[float]:
     for ids, mask, labels in batches:
         held += [float(v) for v in graphs.evaluate(ids, mask, labels)]
     return graphs.all_reduce(tf.constant(held, tf.float32)).numpy().tolist()
-
-
-def _link_tx_bytes() -> int | None:
-    """Bytes this launch host's cluster interface sent (``pipelines.training.distributed.link_tx_bytes``,
-    which imports torch), or None off a launch host (one host: no link)."""
-    if not os.environ.get(HOST_ENV):
-        return None
-    try:
-        return int(Path(f"/sys/class/net/{HOST_IFNAME}/statistics/tx_bytes").read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def _first_on_host(rank: int) -> bool:

@@ -20,6 +20,7 @@ import torch.distributed.run as torchrun
 from pipelines.platforms import torchrun as launch
 from pipelines.cluster import why_unavailable
 from pipelines.runfolder.paths import RunPaths
+from tests.platforms.small_runs import left_in_hosts
 from tests.token_shards import write_token_shards
 
 MB = 10**6
@@ -83,7 +84,6 @@ def test_a_cell_across_two_emulated_hosts(tmp_path, imdb_dir, bert_tiny_dir, mon
     monkeypatch.setenv("LOGLEVEL", "INFO")  # torchrun logs each node's rendezvous (group_rank=...)
     from pipelines.run.cells import run_cell
     from pipelines.cluster import EmulatedCluster
-    from pipelines.cluster.leftovers import _cgroup_pids, _netns_pids
     from pipelines.training import phases
 
     paths = write_token_shards(RunPaths(tmp_path / "runs" / "ddpx-run"), imdb_dir, bert_tiny_dir,
@@ -92,8 +92,7 @@ def test_a_cell_across_two_emulated_hosts(tmp_path, imdb_dir, bert_tiny_dir, mon
     with EmulatedCluster("ddpx", hosts=2, network="100mbit") as cluster:
         result = run_cell(config, paths, "ddp", 2, hosts=cluster.hosts)
         # the launch waited for every torchrun: nothing of the cell is left in the hosts
-        left = {h.name: _netns_pids(h.netns) + [p for cg in h.cgroups for p in _cgroup_pids(cg)]
-                for h in cluster.hosts}
+        left = left_in_hosts(cluster.hosts)
         addresses = [h.address for h in cluster.hosts]
     assert left == {"h0": [], "h1": []}, left
 

@@ -17,6 +17,7 @@ summing in another order, e.g. gloo over more ranks, does not fail it.
 from __future__ import annotations
 
 import os
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -24,30 +25,19 @@ import pytest
 
 from pipelines import platforms
 from pipelines.cluster import why_unavailable
-from pipelines.config import ConfigError, TrainingStrategy, load_config, parse_strategy, save_config
+from pipelines.config import ConfigError, TrainingStrategy, parse_strategy
 from pipelines.platforms.deepspeed import adapter as ds_adapter
 from pipelines.platforms.deepspeed.engine import ds_config, prune
-from pipelines.runfolder.paths import PROJECT_ROOT, RunPaths
-from tests.token_shards import write_token_shards
+from pipelines.runfolder.paths import PROJECT_ROOT
+from tests.platforms.small_runs import small_config, small_run
 
 LOSS_TOL = 1e-6  # see the module docstring
 HOSTS = [SimpleNamespace(name=f"h{k}", address=f"10.213.0.{k + 1}") for k in range(2)]
 _NO_NETNS = why_unavailable()
 
 
-def _config(root: Path, imdb_dir: Path, bert_tiny_dir: Path, **update):
-    return load_config("smoke", {
-        "dataset_source": str(imdb_dir), "tokenizer_source": str(bert_tiny_dir), "model_source": str(bert_tiny_dir),
-        "output_root": str(root), "max_seq_len": 32, "epochs": 2, "batch_size": 16, "batch_policy": "per_worker",
-        "learning_rate": 5e-4, "seed": 42, "backends": ["ddp", "deepspeed"], "worker_counts": [2], **update})
-
-
-def _run(root: Path, name: str, imdb_dir: Path, bert_tiny_dir: Path, **update):
-    paths = write_token_shards(RunPaths(root / name), imdb_dir, bert_tiny_dir, train_per_class=48,
-                               test_per_class=24, seq_len=32, seed=3)
-    config = _config(root, imdb_dir, bert_tiny_dir, **update)
-    save_config(config, paths.config)
-    return config, paths
+_config = partial(small_config, backends=["ddp", "deepspeed"])
+_run = partial(small_run, backends=["ddp", "deepspeed"])
 
 
 # --- without training ------------------------------------------------------------------------------

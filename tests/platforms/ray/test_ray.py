@@ -280,4 +280,8 @@ def test_the_cleaners_benign_warning_is_dropped_and_nothing_else():
         logger.removeHandler(handler)
     assert records == ["Detected that the Ray Train controller actor (x) is dead. Cleaning up placement group"]
     assert len(logger.filters) == 1
-    assert job_runtime_env({"A": "1"}) == {"env_vars": {"A": "1"}, "worker_process_setup_hook": SETUP_HOOK}
+    from ray._private.ray_constants import WORKER_PROCESS_SETUP_HOOK_ENV_VAR
+
+    # the hook as Ray's ray.init would export it, so a Ray Client driver's workers run it too
+    assert job_runtime_env({"A": "1"}) == {"env_vars": {"A": "1", WORKER_PROCESS_SETUP_HOOK_ENV_VAR: SETUP_HOOK},
+                                           "worker_process_setup_hook": SETUP_HOOK}

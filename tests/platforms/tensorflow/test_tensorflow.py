@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -22,30 +23,19 @@ import pytest
 
 from pipelines import platforms
 from pipelines.cluster import why_unavailable
-from pipelines.config import TrainingStrategy, load_config, parse_strategy, save_config
+from pipelines.config import TrainingStrategy, parse_strategy
 from pipelines.platforms.tensorflow import adapter as tf_adapter
 from pipelines.platforms.tensorflow.worker import tf_config
-from pipelines.runfolder.paths import PROJECT_ROOT, RunPaths
-from tests.token_shards import write_token_shards
+from pipelines.runfolder.paths import PROJECT_ROOT
+from tests.platforms.small_runs import left_in_hosts, small_config, small_run
 
 RECIPE_TOL = 0.15  # train loss, nats; see the module docstring
 MB = 10**6
 _NO_NETNS = why_unavailable()
 
 
-def _config(root: Path, imdb_dir: Path, bert_tiny_dir: Path, **update):
-    return load_config("smoke", {
-        "dataset_source": str(imdb_dir), "tokenizer_source": str(bert_tiny_dir), "model_source": str(bert_tiny_dir),
-        "output_root": str(root), "max_seq_len": 32, "epochs": 2, "batch_size": 16, "batch_policy": "per_worker",
-        "learning_rate": 5e-4, "seed": 42, "backends": ["ddp", "tensorflow"], "worker_counts": [2], **update})
-
-
-def _run(root: Path, name: str, imdb_dir: Path, bert_tiny_dir: Path, **update):
-    paths = write_token_shards(RunPaths(root / name), imdb_dir, bert_tiny_dir, train_per_class=48,
-                               test_per_class=24, seq_len=32, seed=3)
-    config = _config(root, imdb_dir, bert_tiny_dir, **update)
-    save_config(config, paths.config)
-    return config, paths
+_config = partial(small_config, backends=["ddp", "tensorflow"])
+_run = partial(small_run, backends=["ddp", "tensorflow"])
 
 
 # --- without training ------------------------------------------------------------------------------
@@ -144,14 +134,12 @@ def test_a_failed_attempt_resumes_from_its_checkpoint(beside_ddp, imdb_dir, bert
 @pytest.mark.skipif(_NO_NETNS is not None, reason=str(_NO_NETNS))
 def test_a_cell_across_two_emulated_hosts(tmp_path, imdb_dir, bert_tiny_dir):
     from pipelines.cluster import EmulatedCluster
-    from pipelines.cluster.leftovers import _cgroup_pids, _netns_pids
     from pipelines.run.cells import run_cell
 
     config, paths = _run(tmp_path, "across", imdb_dir, bert_tiny_dir, epochs=1)
     with EmulatedCluster("tfx", hosts=2, network="100mbit") as cluster:
         result = run_cell(config, paths, "tensorflow", 2, hosts=cluster.hosts)
-        left = {h.name: _netns_pids(h.netns) + [p for cg in h.cgroups for p in _cgroup_pids(cg)]
-                for h in cluster.hosts}
+        left = left_in_hosts(cluster.hosts)
         addresses = [h.address for h in cluster.hosts]
     assert left == {"h0": [], "h1": []}, left
     assert result.status == "ok" and result.platform_mode == "multi-worker-mirrored-2-hosts", result.error
