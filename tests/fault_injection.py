@@ -19,6 +19,7 @@ HOLD_AFTER_EPOCH_ENV = "FAULT_HOLD_AFTER_EPOCH"
 HOLD_CELL_ENV = "FAULT_HOLD_CELL"  # optional: only this cell folder name holds
 MAX_HOLD_S = 300  # bounded: a missed kill cannot hang a test run forever
 HOLD_SECONDS_ENV = "FAULT_HOLD_SECONDS"  # optional: a shorter stall, after which training goes on
+HOLD_RELEASE_ENV = "FAULT_HOLD_RELEASE_FILE"  # optional: the stall ends as soon as this file exists
 
 
 def hold(epoch: int, rank: int, cell_dir, **_) -> None:
@@ -27,7 +28,10 @@ def hold(epoch: int, rank: int, cell_dir, **_) -> None:
         return
     if rank == 0 and str(epoch) == os.environ.get(HOLD_AFTER_EPOCH_ENV):
         logging.getLogger(__name__).warning("%s=%d: stalling for a test kill", HOLD_AFTER_EPOCH_ENV, epoch)
-        time.sleep(min(float(os.environ.get(HOLD_SECONDS_ENV, MAX_HOLD_S)), MAX_HOLD_S))
+        deadline = time.monotonic() + min(float(os.environ.get(HOLD_SECONDS_ENV, MAX_HOLD_S)), MAX_HOLD_S)
+        release = os.environ.get(HOLD_RELEASE_ENV)
+        while time.monotonic() < deadline and not (release and Path(release).exists()):
+            time.sleep(0.2)
 
 
 def env(epoch: int, project_root, cell: str | None = None) -> dict[str, str]:

@@ -106,7 +106,9 @@ def test_a_ddp_cells_rendezvous_port_is_unreachable_from_the_host(tmp_path, make
                                                                    monkeypatch):
     from pipelines.run.cells import run_cell
 
-    for key, value in {**fault_injection.env(1, PROJECT_ROOT), fault_injection.HOLD_SECONDS_ENV: "25"}.items():
+    release = tmp_path / "release"  # rank 0 holds after epoch 1 until the probes below are done (at most 60 s)
+    for key, value in {**fault_injection.env(1, PROJECT_ROOT), fault_injection.HOLD_SECONDS_ENV: "60",
+                       fault_injection.HOLD_RELEASE_ENV: str(release)}.items():
         monkeypatch.setenv(key, value)
     paths = write_token_shards(RunPaths(tmp_path / "runs" / "iso"), imdb_dir, bert_tiny_dir, train_per_class=32,
                                test_per_class=16, seq_len=32, seed=5)
@@ -124,5 +126,6 @@ def test_a_ddp_cells_rendezvous_port_is_unreachable_from_the_host(tmp_path, make
     for addr in {a.address for addrs in psutil.net_if_addrs().values() for a in addrs if a.family == socket.AF_INET}:
         with pytest.raises(OSError):
             socket.create_connection((addr, port), timeout=5).close()
+    release.touch()
     thread.join(300)
     assert results["r"].status == "ok" and len(results["r"].epochs) == 2

@@ -93,8 +93,11 @@ def test_smoke_dag_succeeds_through_the_stack(stack_run):
     # Deployment fields (the Spark master and the Ray address among them) cannot come from a trigger: the
     # stack sets BENCHMARK_SPARK_MASTER and BENCHMARK_RAY_ADDRESS in the Celery workers' environment
     # (docker-compose.yaml, x-bench-env).
+    sys.path.insert(0, str(ROOT / "tests" / "compose"))
+    from stack_driver import STACK_RUN_SIZE
+
     assert result["conf"] == {"profile": "smoke", "backends": ["ddp", "spark", "determined", "ray"],
-                              "worker_counts": [2]}
+                              "worker_counts": [2], **STACK_RUN_SIZE}
     assert result["pool"]["slots"] >= 2
     for phase in ("build", "up", "run", "down", "total"):
         assert phase in timings, f"no timing for {phase}"
