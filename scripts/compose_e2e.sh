@@ -32,7 +32,7 @@
 # and the debootstrap root filesystem ($CACHE_DIR) are kept between runs, so a second run
 # rebuilds nothing.
 # Time limits (nothing waits forever): the whole script has E2E_TIMEOUT seconds (default 2400;
-# measured on a loaded 2-core machine: 16 min cold, 9.5 min warm), of which the DAG run at most
+# measured on a 2-core machine: 10 min cold, 5.5 min warm), of which the DAG run at most
 # E2E_RUN_TIMEOUT (default 1200); every step runs under `timeout` with what is left, minus
 # TEARDOWN_S kept for `compose down` + stopping dockerd, so the script ends by E2E_TIMEOUT + a
 # few seconds even when a step hangs. SIGTERM (e.g. tests/compose/test_stack.py's own limit)

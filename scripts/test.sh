@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # README command (b): set up everything on a fresh machine, then run the whole test suite.
 #   bash scripts/test.sh [pytest args]      e.g.  bash scripts/test.sh -m "not e2e"
-# The docker-compose stack e2e (tests/compose, 10-16 min, needs root) is part of it: opt out
+# The docker-compose stack e2e (tests/compose, 5-10 min, needs root) is part of it: opt out
 # with  BENCHMARK_COMPOSE_E2E=0 bash scripts/test.sh
 # Tests marked `heavy` (over ~1 min each, their path covered by a shorter test) are left out, to keep
 # CI near 45 min on 2 cores: BENCHMARK_HEAVY_TESTS=1 bash scripts/test.sh runs them too (so does
@@ -15,12 +15,13 @@ bash scripts/system_deps.sh
 bash scripts/compose_plugin.sh  # tests/compose/test_compose.py: `docker compose config`
 # The whole suite with the stack e2e: its images (minutes of pip and apt, cold) are built in the
 # background from here on, while .venv is made and the first tests run; the stack test's own
-# compose_e2e.sh run waits for that build (a lock) and then finds every layer cached.
+# compose_e2e.sh run waits for that build (a lock) and then finds every layer cached. Niced: the
+# tests come first (its dockerd, hence the build's steps, inherit the niceness).
 whole_suite=1
 for a in "$@"; do [ ! -e "${a%%::*}" ] || whole_suite=""; done
 if [ "$BENCHMARK_COMPOSE_E2E" = 1 ] && [ -n "$whole_suite" ] && [ "$(id -u)" = 0 ]; then
   mkdir -p tests/compose/artifacts/prebuild
-  setsid -f bash scripts/compose_e2e.sh --build-only tests/compose/artifacts/prebuild \
+  setsid -f nice -n 10 bash scripts/compose_e2e.sh --build-only tests/compose/artifacts/prebuild \
     > tests/compose/artifacts/prebuild/compose_e2e.out 2>&1 < /dev/null
   echo "compose stack e2e: images building in the background (tests/compose/artifacts/prebuild/compose_e2e.out)"
 fi

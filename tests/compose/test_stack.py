@@ -62,7 +62,7 @@ def run_script() -> tuple[int, str, str]:
 @pytest.fixture(scope="module")
 def stack_run():
     if os.environ.get("BENCHMARK_COMPOSE_E2E") != "1":
-        pytest.skip("the compose stack e2e (~10-16 min) is off (BENCHMARK_COMPOSE_E2E is not 1; "
+        pytest.skip("the compose stack e2e (~5-10 min) is off (BENCHMARK_COMPOSE_E2E is not 1; "
                     "scripts/test.sh sets it unless the caller set BENCHMARK_COMPOSE_E2E=0)")
     if os.geteuid() != 0:
         pytest.skip("the compose stack test needs root (dockerd, unshare --net)")
