@@ -23,7 +23,7 @@
 #          network + PID namespace (`unshare --net --pid`), with its default bridge: the stack's
 #          published ports exist on that namespace's loopback only, and every process dies
 #          with it. There: `docker compose up -d --wait` with 2 Celery workers, then
-#          tests/compose/stack_driver.py (pool, trigger imdb_benchmark with {"profile": "smoke"}:
+#          tests/compose/stack_driver.py (pool, trigger imdb_benchmark with the smoke profile at STACK_RUN_SIZE:
 #          the Celery workers' BENCHMARK_SPARK_MASTER puts its Spark jobs on the stack's master;
 #          wait, evidence (a)-(g) -> ARTIFACTS_DIR/result.json, evidence.txt), then
 #          `docker compose down -v` and dockerd stopped -- by an EXIT trap, so also on failure.

@@ -1,6 +1,6 @@
 """The docker-compose stack for real: scripts/compose_e2e.sh builds the images offline (Debian
 base from debootstrap, PyPI), starts every service of docker-compose.yaml with 2 Celery workers
-in a private network namespace, runs imdb_benchmark's smoke profile through Airflow's REST API
+in a private network namespace, runs imdb_benchmark's smoke profile (made smaller: STACK_RUN_SIZE) through Airflow's REST API
 with the Spark cells on the stack's Spark master and the Ray cell on its standing Ray cluster,
 checks the evidence (the workers' MLflow user cannot create an experiment, no container mounts
 the project root or .env: stack_security.py) and tears it all down.
