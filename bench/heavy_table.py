@@ -5,7 +5,8 @@
 A test's platform is the registered platform named by its parameter (``[spark_per_job]``), else by
 its file (``test_ray_elastic.py`` -> ray), else by its folder (``tests/platforms/ddp/`` -> ddp);
 "(shared loop)" where none is named. Its path is what it checks, read from its name: across hosts,
-SIGTERM, SIGKILL, host loss, elastic, resume, else "cell".
+SIGTERM, SIGKILL, host loss, elastic, resume, else "cell". A case's seconds are its junit time, or the
+``case_seconds`` property a test records where a fixture ran its case beside others.
 """
 
 from __future__ import annotations
@@ -55,8 +56,11 @@ def read(junit: Path) -> list[dict]:
         classname, name = case.get("classname", ""), case.get("name", "")
         outcome = "failed" if case.find("failure") is not None or case.find("error") is not None else \
             "skipped" if case.find("skipped") is not None else "passed"
+        # a case run by a module's fixture beside others (tests/platforms/side_by_side.py) records its own time
+        own = {p.get("name"): p.get("value") for p in case.iter("property")}.get("case_seconds")
         out.append({"test": f"{classname}::{name}", "platform": platform_of(classname, name),
-                     "path": path_of(classname, name), "outcome": outcome, "seconds": float(case.get("time", 0))})
+                     "path": path_of(classname, name), "outcome": outcome,
+                     "seconds": float(own if own is not None else case.get("time", 0))})
     return out
 
 

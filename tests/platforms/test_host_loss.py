@@ -137,10 +137,10 @@ _HEAVY = (pytest.mark.heavy,)
 @pytest.mark.slow
 @pytest.mark.skipif(_NO_NETNS is not None, reason=str(_NO_NETNS))
 @pytest.mark.parametrize("backend", [
-    "ddp",  # the shortest: CI runs it; the others are heavy
+    "ddp",  # ddp and determined: the shortest, CI runs them; the others are heavy (95-161 s each)
+    "determined",
     pytest.param("spark", marks=_HEAVY),
     pytest.param("spark_dataframe", marks=_HEAVY),
-    pytest.param("determined", marks=_HEAVY),
     pytest.param("ray", marks=_HEAVY),
 ])
 def test_a_platform_loses_a_host_and_the_projects_retry_recovers_it(backend, tmp_path, make_config, imdb_dir,
@@ -148,7 +148,8 @@ def test_a_platform_loses_a_host_and_the_projects_retry_recovers_it(backend, tmp
     """The run's path (``stages.train_cell`` on the run's emulated cluster, standing services
     included): h1 goes in the middle of epoch 2 of 3 of the first attempt; no platform recovers by
     its own means with ``platform_retries=0`` (the default), so the attempt fails before the deadline
-    and the project's retry resumes from the checkpoint of epoch 1."""
+    and the project's retry resumes from the checkpoint of epoch 1. The retry is the platform's cell
+    across the two hosts: one rank on each (as each rank reported it), bytes over both hosts' links."""
     from pipelines.run import stages
     from pipelines.cluster import lifecycle
     from pipelines.config import save_config
@@ -178,6 +179,11 @@ def test_a_platform_loses_a_host_and_the_projects_retry_recovers_it(backend, tmp
     assert [a.outcome for a in result.attempts] == ["failed", "ok"]
     assert "lost host h1" in lost.error and "did not recover by its own means (it failed" in lost.error, lost.error
     assert result.resumed_from_epoch == 1
+    addresses = {h.name: h.address for h in hosts}
+    assert sorted(p.split()[:2] for p in result.placements) == [[n, addresses[n]] for n in ("h0", "h1")], \
+        result.placements
+    assert set(result.link_bytes) == {"h0", "h1"}, result.link_bytes
+    assert all(c["tx"] > 0 and c["rx"] > 0 for c in result.link_bytes.values()), result.link_bytes
     fault = result.fault
     assert fault["host"] == "h1" and fault["epoch"] == 2 and fault["recovered_by"] == "project", fault
     assert fault["platform_outcome"] == "failed" and fault["resumed_from_epoch"] == 1 and fault["epochs_redone"] == 1

@@ -33,6 +33,7 @@ from pipelines.measure import attempts, signals
 from pipelines.measure.process_kinds import rank_pids
 from pipelines.runfolder.paths import CellPaths, RunPaths
 from pipelines.runfolder.results import CellResult
+from tests.platforms import side_by_side
 from tests.token_shards import write_token_shards
 
 TRAIN_PER_CLASS, TEST_PER_CLASS, SEQ_LEN = 128, 64, 64
@@ -80,21 +81,19 @@ def make_run(root: Path, imdb_dir: Path, bert_tiny_dir: Path, master: str) -> tu
 
 
 def run_maker(tmp_path_factory, imdb_dir, bert_tiny_dir):
-    """``runs(master)`` -> (paths, config): one run folder per Spark master, made when first asked."""
+    """``runs(backend)`` -> (paths, config): the platform's own run folder (its Spark master from ``CASES``),
+    made when first asked: what a case watches (the processes naming its run folder, its cell's files)
+    is never another platform's, so cases can run side by side."""
     made: dict[str, tuple[RunPaths, BenchmarkConfig]] = {}
 
-    def _get(master: str):
-        if master not in made:
-            root = tmp_path_factory.mktemp("signals") / ("embedded" if master == "embedded" else "local")
-            made[master] = make_run(root, imdb_dir, bert_tiny_dir, master)
-        return made[master]
+    def _get(backend: str):
+        if backend not in made:
+            master = CASES[backend].master
+            root = tmp_path_factory.mktemp(f"signals-{backend}") / ("embedded" if master == "embedded" else "local")
+            made[backend] = make_run(root, imdb_dir, bert_tiny_dir, master)
+        return made[backend]
 
     return _get
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory, imdb_dir, bert_tiny_dir):
-    return run_maker(tmp_path_factory, imdb_dir, bert_tiny_dir)
 
 
 def start_training(paths: RunPaths, backend: str, repeat: int, tmp: Path) -> tuple[subprocess.Popen, CellPaths]:
@@ -178,12 +177,13 @@ def params(marks: dict[str, tuple]) -> list:
 
 
 HEAVY = pytest.mark.heavy
-# tier by the measured run time on a loaded 2-core box (load average 1.5-7): slow only up to ~60 s
+# Each case's time alone on a quiet 2-core box (2026-12-06; side by side they take about the longer lane's time):
+# the cases of the embedded Spark cluster (a cluster per CLI, its JVMs busy) are heavy, the rest run at a landing
 SIGTERM_MARKS = {
-    "ddp": (),  # 44-47 s
-    "determined": (),  # 37-47 s
-    "deepspeed": (HEAVY,),  # 52-66 s
-    "spark": (),  # 53-64 s (TorchDistributor's local mode: torchrun on the driver)
+    "ddp": (),  # 16 s
+    "determined": (),  # 15 s
+    "deepspeed": (),  # 21 s
+    "spark": (),  # 20 s (TorchDistributor's local mode: torchrun on the driver)
     # cluster mode: py4j turns the signal into its ConnectionRefusedError; train_cell finds the signal
     # behind it (signals.cause_of) and does not retry (before: attempt 2 brought the cluster up and trained on)
     "spark_per_job": (HEAVY,),  # 162-196 s
@@ -192,20 +192,22 @@ SIGTERM_MARKS = {
     # the driver in a process of its own (pipelines/platforms/driver.py): the CLI's SIGTERM stops its tree, and
     # its own handler (signals.end_tree_on_signal) raises nothing Ray could swallow (before: ray.get swallowed
     # the handler's exception and ~20 more epochs trained in the 42 s after the signal)
-    "ray": (HEAVY,),
-    "ray_per_job": (HEAVY,),
+    "ray": (),  # 31 s
+    "ray_per_job": (),
     # run_to_end's SIGTERM to the per-host launcher (launcher.py), whose handler stops its ranks
-    "tensorflow": (),
+    "tensorflow": (),  # 24 s
 }
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("backend", params(SIGTERM_MARKS))
-def test_sigterm_stops_every_process_of_the_cell(backend, runs, tmp_path):
-    paths, config = runs(CASES[backend].master)
-    repeat = 40 + list(CASES).index(backend)
-    proc, cell = start_training(paths, backend, repeat, tmp_path)
+def sigterm_case(runs, backend: str) -> dict:
+    """Start the platform's cell, SIGTERM its driver mid-training, watch it and its processes stop; what
+    was seen, for the test to assert (run side by side with other platforms' cases: no asserts here
+    except the start's)."""
+    paths, config = runs(backend)
+    tmp = paths.root.parent
+    proc, cell = start_training(paths, backend, 40 + list(CASES).index(backend), tmp)
     tree: list[psutil.Process] = []
+    seen: dict = {"config": config, "cell": cell, "tmp": tmp, "stuck": None, "alive": []}
     try:
         tree = training_tree(proc, cell, backend)
         proc.send_signal(signal.SIGTERM)
@@ -213,28 +215,50 @@ def test_sigterm_stops_every_process_of_the_cell(backend, runs, tmp_path):
         try:
             proc.wait(STOP_S)
         except subprocess.TimeoutExpired:
-            history = [(a.attempt, a.outcome) for a in attempts.read(cell)]
-            pytest.fail(f"{backend}: the driver still runs {STOP_S:.0f} s after SIGTERM; the cell's attempts "
-                        f"(attempt, outcome): {history}; {len(running(tree))} of its {len(tree)} processes at "
-                        "the signal still run")
+            seen["stuck"] = ([(a.attempt, a.outcome) for a in attempts.read(cell)], len(running(tree)), len(tree))
+            return seen
         alive = tree
         while (alive := running(alive)) and time.time() - sent < 10:
             time.sleep(0.1)
-        assert not alive, f"still running 10 s after SIGTERM: {describe(alive)}"
+        seen["alive"] = describe(alive)
     finally:
         kill_all(proc, tree)
-    out = output(tmp_path)
-    assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
+    seen["returncode"] = proc.returncode
+    seen["written"] = {p: p.stat().st_mtime for p in cell.root.rglob("*") if p.is_file()}
+    time.sleep(3)
+    seen["written_later"] = {p: p.stat().st_mtime for p in cell.root.rglob("*") if p.is_file()}
+    return seen
+
+
+@pytest.fixture(scope="module")
+def sigterm_outcomes(request, tmp_path_factory, imdb_dir, bert_tiny_dir):
+    """Every selected platform's SIGTERM case, run once, side by side (tests/platforms/side_by_side.py)."""
+    runs = run_maker(tmp_path_factory, imdb_dir, bert_tiny_dir)
+    chosen = side_by_side.selected(request, "test_sigterm_stops_every_process_of_the_cell")
+    for backend in chosen:  # the run folders first, in this thread
+        runs(backend)
+    return side_by_side.run_side_by_side(chosen, lambda backend: sigterm_case(runs, backend))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", params(SIGTERM_MARKS))
+def test_sigterm_stops_every_process_of_the_cell(backend, sigterm_outcomes, record_property):
+    seen = side_by_side.outcome_of(sigterm_outcomes, backend, record_property)
+    cell, out = seen["cell"], output(seen["tmp"])
+    if seen["stuck"] is not None:
+        history, still, of = seen["stuck"]
+        pytest.fail(f"{backend}: the driver still runs {STOP_S:.0f} s after SIGTERM; the cell's attempts "
+                    f"(attempt, outcome): {history}; {still} of its {of} processes at the signal still run")
+    assert not seen["alive"], f"still running 10 s after SIGTERM: {seen['alive']}"
+    assert seen["returncode"] == 128 + signal.SIGTERM, out[-3000:]
     assert "stopped by SIGTERM" in out
 
     result = CellResult.read(cell.result)
     assert result.status == "failed" and "SIGTERM" in result.error
     assert result.attempts[-1].outcome == "failed"
-    written = {p: p.stat().st_mtime for p in cell.root.rglob("*") if p.is_file()}
-    time.sleep(3)
-    assert {p: p.stat().st_mtime for p in cell.root.rglob("*") if p.is_file()} == written  # nothing writes
+    assert seen["written_later"] == seen["written"]  # nothing writes
 
-    client = MlflowClient(tracking_uri=config.resolved_tracking_uri())
+    client = MlflowClient(tracking_uri=seen["config"].resolved_tracking_uri())
     found = client.search_runs([e.experiment_id for e in client.search_experiments()],
                                filter_string=f"attributes.run_name = '{cell.name}'")
     assert found and all(r.info.status == "FAILED" for r in found)
@@ -242,7 +266,7 @@ def test_sigterm_stops_every_process_of_the_cell(backend, runs, tmp_path):
 
 # platforms whose SIGTERM case is heavy: run by the heavy tier (bench/heavy_tier.sh), not at a landing.
 # Stated here so CI's count of covered platforms does not rest on deselected cases (issue 45: make them cheap)
-SIGTERM_HEAVY_ONLY = {"deepspeed", "spark_per_job", "spark_dataframe", "spark_dataframe_per_job", "ray", "ray_per_job"}
+SIGTERM_HEAVY_ONLY = {"spark_per_job", "spark_dataframe", "spark_dataframe_per_job"}
 
 
 def test_every_platform_has_a_signal_case():
