@@ -1,6 +1,9 @@
 """The heavy tier's outcome as a table: platform x path (passed / failed / skipped, seconds).
 
-    python bench/heavy_table.py runs/heavy/heavy.xml        # a pytest --junitxml file
+    python bench/heavy_table.py runs/heavy/heavy.xml                # a pytest --junitxml file
+    python bench/heavy_table.py --platforms-only runs/ci/junit.xml  # a landing's run: the platforms' rows
+
+The same table of a landing's run (``.ci/run`` prints it) shows which platform x path CI checked.
 
 A test's platform is the registered platform named by its parameter (``[spark_per_job]``), else by
 its file (``test_ray_elastic.py`` -> ray), else by its folder (``tests/platforms/ddp/`` -> ddp);
@@ -64,7 +67,9 @@ def read(junit: Path) -> list[dict]:
     return out
 
 
-def table(cases: list[dict]) -> str:
+def table(cases: list[dict], platforms_only: bool = False) -> str:
+    if platforms_only:  # the rest of a whole suite (data, Airflow, the shared loop) in no platform's row
+        cases = [c for c in cases if c["platform"] != SHARED]
     cells: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for case in cases:
         cells[case["platform"], case["path"]].append(case)
@@ -89,6 +94,9 @@ def table(cases: list[dict]) -> str:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    args = sys.argv[1:]
+    only = "--platforms-only" in args
+    args = [a for a in args if a != "--platforms-only"]
+    if len(args) != 1:
         sys.exit(__doc__)
-    print(table(read(Path(sys.argv[1]))))
+    print(table(read(Path(args[0])), platforms_only=only))

@@ -205,7 +205,9 @@ def sigterm_case(runs, backend: str) -> dict:
     except the start's)."""
     paths, config = runs(backend)
     tmp = paths.root.parent
+    began = time.time()
     proc, cell = start_training(paths, backend, 40 + list(CASES).index(backend), tmp)
+    training = time.time()
     tree: list[psutil.Process] = []
     seen: dict = {"config": config, "cell": cell, "tmp": tmp, "stuck": None, "alive": []}
     try:
@@ -214,6 +216,7 @@ def sigterm_case(runs, backend: str) -> dict:
         sent = time.time()
         try:
             proc.wait(STOP_S)
+            sent_exit = time.time() - sent
         except subprocess.TimeoutExpired:
             seen["stuck"] = ([(a.attempt, a.outcome) for a in attempts.read(cell)], len(running(tree)), len(tree))
             return seen
@@ -221,6 +224,8 @@ def sigterm_case(runs, backend: str) -> dict:
         while (alive := running(alive)) and time.time() - sent < 10:
             time.sleep(0.1)
         seen["alive"] = describe(alive)
+        print(f"{backend}: training {training - began:.1f} s after the start; the driver gone {sent_exit:.1f} s "
+              f"after SIGTERM, its processes {time.time() - sent:.1f} s")
     finally:
         kill_all(proc, tree)
     seen["returncode"] = proc.returncode
