@@ -23,8 +23,8 @@ import pytest
 
 # by engine; within a lane the cheapest first (measured, serial, on a quiet 2-core box: bench/RESULTS.md)
 LANES = (
-    ("ddp", "ray", "ray_per_job"),
-    ("determined", "tensorflow", "spark", "deepspeed", "spark_dataframe", "spark_per_job", "spark_dataframe_per_job"),
+    ("ddp", "determined", "ray", "ray_per_job"),
+    ("tensorflow", "spark", "deepspeed", "spark_dataframe", "spark_per_job", "spark_dataframe_per_job"),
 )
 
 
