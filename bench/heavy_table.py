@@ -8,7 +8,9 @@ The same table of a landing's run (``.ci/run`` prints it) shows which platform x
 A test's platform is the registered platform named by its parameter (``[spark_per_job]``), else by
 its file (``test_ray_elastic.py`` -> ray), else by its folder (``tests/platforms/ddp/`` -> ddp);
 "(shared loop)" where none is named. Its path is what it checks, read from its name: across hosts,
-SIGTERM, SIGKILL, host loss, elastic, resume, else "cell". A case's seconds are its junit time, or the
+SIGTERM, SIGKILL, host loss, elastic, resume, else "cell"; a test that ran nothing (not marked slow:
+tests/conftest.py writes the junit property ``slow`` for those that are) is "no run", whatever its name
+(an elastic setting refused is not an elastic recovery). A case's seconds are its junit time, or the
 ``case_seconds`` property a test records where a fixture ran its case beside others.
 """
 
@@ -28,6 +30,7 @@ PATHS = (("sigkill", "SIGKILL"), ("sigterm", "SIGTERM"), ("across_two_emulated_h
          ("grows_back", "elastic"), ("returned_host", "elastic"), ("loses_a", "host loss"),
          ("losing", "host loss"), ("host_loss", "host loss"), ("resume", "resume"))
 SHARED = "(shared loop)"
+NO_RUN = "no run"
 # files about one platform that neither name it nor sit in its tests/platforms/<name>/ folder: the
 # relay platform is the test suite's own, registered by that file (a platform outside the project's folder)
 FILE_PLATFORM = {"test_relay_platform": "relay (test platform)"}
@@ -54,15 +57,19 @@ def path_of(classname: str, name: str) -> str:
 
 
 def read(junit: Path) -> list[dict]:
+    cases = list(ET.parse(junit).getroot().iter("testcase"))
+    props = [{p.get("name"): p.get("value") for p in case.iter("property")} for case in cases]
+    marked = any("slow" in p for p in props)  # a file written before the property: every test by its name
     out = []
-    for case in ET.parse(junit).getroot().iter("testcase"):
+    for case, prop in zip(cases, props):
         classname, name = case.get("classname", ""), case.get("name", "")
         outcome = "failed" if case.find("failure") is not None or case.find("error") is not None else \
             "skipped" if case.find("skipped") is not None else "passed"
         # a case run by a module's fixture beside others (tests/platforms/side_by_side.py) records its own time
-        own = {p.get("name"): p.get("value") for p in case.iter("property")}.get("case_seconds")
+        own = prop.get("case_seconds")
+        path = NO_RUN if marked and "slow" not in prop else path_of(classname, name)
         out.append({"test": f"{classname}::{name}", "platform": platform_of(classname, name),
-                     "path": path_of(classname, name), "outcome": outcome,
+                     "path": path, "outcome": outcome,
                      "seconds": float(own if own is not None else case.get("time", 0))})
     return out
 

@@ -6,6 +6,10 @@
 #   bash scripts/compose_e2e.sh --build-only DIR    # deps, base and build only: scripts/test.sh starts
 #                                                   # it in the background while it sets up, so the
 #                                                   # stack test's run finds every layer built
+#   E2E_CPU_SHARES=64 bash scripts/compose_e2e.sh ...
+#       the run (its daemons, the build's steps, every container) held in a CPU cgroup of that weight
+#       (cgroup v1 cpu.shares; a nice-0 session weighs 1024): it takes the CPU that runs beside it
+#       leave idle and little more (scripts/test.sh's background build).
 # One run at a time on a machine: a run waits for the one before (a lock in /run/imdb-bench), and
 # its deadline counts from when it got the lock.
 #
@@ -173,7 +177,7 @@ if [ -n "${E2E_COMPOSE_IN_NAMESPACE:-}" ]; then
   trap 'exit 143' TERM INT HUP
   # Default bridge; its iptables rules stay in this namespace. In a session of its own: the TERM
   # that `timeout` sends the step's process group must leave it to `compose down`.
-  DOCKERD_SETSID=1 start_dockerd "$ART/dockerd-stack.log"
+  DOCKERD_SETSID=1 start_dockerd "$ART/dockerd-stack.log" ${E2E_DOCKERD_CGROUP:+"$E2E_DOCKERD_CGROUP"}
   # leftovers of a killed run
   timeout 120 "${COMPOSE[@]}" down -v --remove-orphans --timeout 10 >/dev/null 2>&1 || true
   t="$(now)"
@@ -212,6 +216,20 @@ if ! flock -n 9; then
   flock -w "$E2E_TIMEOUT" 9 || { log "another compose_e2e.sh run held the lock for ${E2E_TIMEOUT}s"; exit 124; }
 fi
 export E2E_DEADLINE="$(( $(date +%s) + E2E_TIMEOUT ))"
+# Held back (E2E_CPU_SHARES): this script and all it starts join the cgroup; dockerd puts the build's
+# steps and the containers under it (--cgroup-parent). Tasks in a cgroup other than the root are
+# weighed by its shares, not by the session (autogroup) each container's setsid would give them.
+DOCKERD_CGROUP=()
+if [ -n "${E2E_CPU_SHARES:-}" ]; then
+  cg=/sys/fs/cgroup/cpu/imdb-bench-e2e
+  if [ -f /sys/fs/cgroup/cpu/cpu.shares ] && mkdir -p "$cg" && echo "$E2E_CPU_SHARES" > "$cg/cpu.shares" \
+      && echo $$ > "$cg/tasks"; then
+    DOCKERD_CGROUP=(--cgroup-parent=/imdb-bench-e2e)
+    log "held back: cgroup $cg, cpu.shares $E2E_CPU_SHARES"
+  else
+    log "E2E_CPU_SHARES: no cgroup v1 cpu controller here; the run is not held back"
+  fi
+fi
 [ -d "$SHARED_DATA/imdb" ] && [ -d "$SHARED_DATA/bert-tiny" ] \
   || { echo "compose_e2e.sh: no imdb/ and bert-tiny/ in SHARED_DATA=$SHARED_DATA" >&2; exit 1; }
 mkdir -p "$ART" "$CACHE_DIR"
@@ -252,7 +270,7 @@ bash "$ROOT/docker/make_env.sh" "$ART/.stack.env" 2>/dev/null
 printf 'AIRFLOW_API_WORKERS=1\nMLFLOW_WORKERS=1\nBENCHMARK_TRAINING_SLOTS=2\n' >> "$ART/.stack.env"
 # Whatever happens from here: no dockerd of ours left, no secrets or staged wheels left behind.
 trap 'stop_dockerd; rm -f "$ART/.stack.env" "$ROOT"/docker/wheels/*.whl' EXIT
-start_dockerd "$ART/dockerd-build.log" --iptables=false --bridge=none
+start_dockerd "$ART/dockerd-build.log" --iptables=false --bridge=none ${DOCKERD_CGROUP[@]+"${DOCKERD_CGROUP[@]}"}
 
 t="$(now)"
 if timeout 60 docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
@@ -326,7 +344,7 @@ rc=0
 # down (compose down -v, dockerd stopped), and KILLs it TEARDOWN_S later, which ends the
 # namespace and every process in it. In the background + `wait`, so that a TERM to this script
 # is handled at once: the trap passes it on the same way.
-E2E_COMPOSE_IN_NAMESPACE=1 timeout --kill-after="$TEARDOWN_S" "$(left)" \
+E2E_COMPOSE_IN_NAMESPACE=1 E2E_DOCKERD_CGROUP="${DOCKERD_CGROUP[0]:-}" timeout --kill-after="$TEARDOWN_S" "$(left)" \
   unshare --net --pid --fork --kill-child --mount-proc bash "$0" "$ART" &
 stack_pid=$!
 trap 'kill -TERM "$stack_pid" 2>/dev/null; wait "$stack_pid"; exit 143' TERM INT HUP

@@ -39,6 +39,15 @@ _CI = os.environ.get("CI", "").lower() == "true"
 _skips: list[tuple[str, str]] = []  # (node id, reason) of every skip in this session
 
 
+# The compose stack e2e last: its images build in the background while the other tests run
+# (scripts/test.sh), so by then they are built and the stack test waits for nothing.
+LAST = "tests/compose/test_stack.py"
+
+
+def pytest_collection_modifyitems(session, config, items):
+    items.sort(key=lambda item: item.nodeid.startswith(LAST))  # stable: the rest keeps its order
+
+
 def _allowed(nodeid: str, reason: str) -> str | None:
     """Why CI accepts this skip, or None."""
     for key, (says, why) in ALLOWED_SKIPS.items():
@@ -140,6 +149,8 @@ sys.addaudithook(_audit)
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
+    if item.get_closest_marker("slow"):  # junit: a test that ran something (bench/heavy_table.py's "no run")
+        item.user_properties.append(("slow", "1"))
     _watched.update(nodeid=None if item.get_closest_marker("slow") else item.nodeid, engines=[])
 
 

@@ -59,6 +59,17 @@ def run_side_by_side(backends: list[str], case: Callable[[str], object]) -> dict
     return outcomes
 
 
+def run_module_cases(request: pytest.FixtureRequest, test_name: str, runs: Callable[[str], object],
+                     case: Callable[[Callable[[str], object], str], object]) -> dict[str, tuple[object, float]]:
+    """A module fixture's body: ``case(runs, backend)`` for each of ``test_name``'s selected platforms, side
+    by side; ``runs(backend)`` makes (and then returns) that platform's run folder, made here first, in this
+    thread, so the lanes only run cases."""
+    chosen = selected(request, test_name)
+    for backend in chosen:
+        runs(backend)
+    return run_side_by_side(chosen, lambda backend: case(runs, backend))
+
+
 def outcome_of(outcomes: dict[str, tuple[object, float]], backend: str, record_property: Callable) -> object:
     """The platform's outcome, its case's seconds recorded; raises what its case raised (a failed start, a
     timeout) in its own test."""

@@ -104,11 +104,8 @@ def sigkill_case(runs, backend: str) -> dict:
 @pytest.fixture(scope="module")
 def sigkill_outcomes(request, tmp_path_factory, imdb_dir, bert_tiny_dir):
     """Every selected platform's SIGKILL case, run once, side by side (tests/platforms/side_by_side.py)."""
-    runs = run_maker(tmp_path_factory, imdb_dir, bert_tiny_dir)
-    chosen = side_by_side.selected(request, "test_sigkill_of_the_driver_leaves_no_process_of_the_cell")
-    for backend in chosen:  # the run folders first, in this thread
-        runs(backend)
-    return side_by_side.run_side_by_side(chosen, lambda backend: sigkill_case(runs, backend))
+    return side_by_side.run_module_cases(request, "test_sigkill_of_the_driver_leaves_no_process_of_the_cell",
+                                         run_maker(tmp_path_factory, imdb_dir, bert_tiny_dir), sigkill_case)
 
 
 @pytest.mark.parametrize("backend", params(SIGKILL_MARKS))

@@ -239,11 +239,8 @@ def sigterm_case(runs, backend: str) -> dict:
 @pytest.fixture(scope="module")
 def sigterm_outcomes(request, tmp_path_factory, imdb_dir, bert_tiny_dir):
     """Every selected platform's SIGTERM case, run once, side by side (tests/platforms/side_by_side.py)."""
-    runs = run_maker(tmp_path_factory, imdb_dir, bert_tiny_dir)
-    chosen = side_by_side.selected(request, "test_sigterm_stops_every_process_of_the_cell")
-    for backend in chosen:  # the run folders first, in this thread
-        runs(backend)
-    return side_by_side.run_side_by_side(chosen, lambda backend: sigterm_case(runs, backend))
+    return side_by_side.run_module_cases(request, "test_sigterm_stops_every_process_of_the_cell",
+                                         run_maker(tmp_path_factory, imdb_dir, bert_tiny_dir), sigterm_case)
 
 
 @pytest.mark.slow

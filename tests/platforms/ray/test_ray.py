@@ -28,16 +28,17 @@ RAY_PROCESS_MARKERS = ("raylet", "gcs_server", "ray::", "site-packages/ray/")
 
 
 def ray_processes() -> set[tuple[int, str]]:
-    """Live (not zombie) Ray processes on this host."""
-    found = set()
+    """Live (not zombie) Ray processes on this host: in this PID namespace, not a container's (the compose
+    stack e2e's Ray cluster may run beside the suite: scripts/test.sh)."""
+    found, ours = set(), os.readlink("/proc/self/ns/pid")
     for proc in psutil.process_iter(["pid", "name", "cmdline", "status"]):
         try:
-            if proc.info["status"] == psutil.STATUS_ZOMBIE:
+            if proc.info["status"] == psutil.STATUS_ZOMBIE or os.readlink(f"/proc/{proc.pid}/ns/pid") != ours:
                 continue
             text = " ".join([proc.info["name"] or "", *(proc.info["cmdline"] or [])])
             if any(marker in text for marker in RAY_PROCESS_MARKERS):
                 found.add((proc.info["pid"], text[:120]))
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
+        except (psutil.NoSuchProcess, psutil.AccessDenied, OSError):
             continue
     return found
 

@@ -106,8 +106,7 @@ def ray_daemons() -> set[tuple[int, str]]:
 _NO_NETNS = why_unavailable()
 
 
-@pytest.mark.slow
-@pytest.mark.heavy  # 45 s in CI: Ray in CI runs locally and as a standing cluster (tests/platforms/test_lifetimes.py)
+@pytest.mark.slow  # in CI: Ray's cell across hosts (45-50 s alone)
 @pytest.mark.skipif(_NO_NETNS is not None, reason=str(_NO_NETNS))
 def test_a_ray_cell_across_two_emulated_hosts(tmp_path, imdb_dir, bert_tiny_dir):
     from pipelines.run.cells import run_cell
