@@ -108,7 +108,8 @@ _NO_NETNS = why_unavailable()
 
 @pytest.mark.slow  # in CI: Ray's cell across hosts (45-50 s alone)
 @pytest.mark.skipif(_NO_NETNS is not None, reason=str(_NO_NETNS))
-def test_a_ray_cell_across_two_emulated_hosts(tmp_path, imdb_dir, bert_tiny_dir):
+@pytest.mark.parametrize("backend", ["ray_per_job"])  # the cell's own cluster on the hosts (named: its id says so)
+def test_a_ray_cell_across_two_emulated_hosts(backend, tmp_path, imdb_dir, bert_tiny_dir):
     from pipelines.run.cells import run_cell
     from pipelines.cluster import EmulatedCluster
     from pipelines.training import phases
@@ -118,7 +119,7 @@ def test_a_ray_cell_across_two_emulated_hosts(tmp_path, imdb_dir, bert_tiny_dir)
     config = _config(tmp_path, imdb_dir, bert_tiny_dir)
     before, scratches = ray_daemons(), set(Path("/tmp").glob("bm-rh-*"))
     with EmulatedCluster("rayx", hosts=2, network="100mbit") as cluster:
-        result = run_cell(config, paths, "ray_per_job", 2, hosts=cluster.hosts)  # the cell's own cluster
+        result = run_cell(config, paths, backend, 2, hosts=cluster.hosts)  # the cell's own cluster
         left = {h.name: h.pids() for h in cluster.hosts}  # the launch stopped every node
         addresses = [h.address for h in cluster.hosts]
     assert left == {"h0": [], "h1": []}, left
@@ -132,7 +133,7 @@ def test_a_ray_cell_across_two_emulated_hosts(tmp_path, imdb_dir, bert_tiny_dir)
     assert abs(phases.unattributed(result.phases, result.total_seconds)) <= 0.02 * result.total_seconds
     assert sorted(result.placements) == [f"h{k} {addresses[k]}" for k in (0, 1)]  # measured by each rank
 
-    cell = paths.cell("ray_per_job", 2, 0)
+    cell = paths.cell(backend, 2, 0)
     log_text = cell.log.read_text()
     assert "2 node(s) alive" in log_text and addresses[1] in log_text  # the driver's output, teed
     moved = json.loads(cell.link_bytes.read_text())
