@@ -149,9 +149,10 @@ sys.addaudithook(_audit)
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
-    if item.get_closest_marker("slow"):  # junit: a test that ran something (bench/heavy_table.py's "no run")
+    slow = item.get_closest_marker("slow") is not None
+    if slow:  # junit: a test that ran something (bench/heavy_table.py's "no run")
         item.user_properties.append(("slow", "1"))
-    _watched.update(nodeid=None if item.get_closest_marker("slow") else item.nodeid, engines=[])
+    _watched.update(nodeid=None if slow else item.nodeid, engines=[])
 
 
 @pytest.hookimpl(wrapper=True)

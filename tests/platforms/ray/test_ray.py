@@ -28,8 +28,8 @@ RAY_PROCESS_MARKERS = ("raylet", "gcs_server", "ray::", "site-packages/ray/")
 
 
 def ray_processes() -> set[tuple[int, str]]:
-    """Live (not zombie) Ray processes on this host: in this PID namespace, not a container's (the compose
-    stack e2e's Ray cluster may run beside the suite: scripts/test.sh)."""
+    """Live (not zombie) Ray processes on this host: in this PID namespace, not a container's (a compose
+    stack's Ray cluster running on the same machine is not a leftover of the cell)."""
     found, ours = set(), os.readlink("/proc/self/ns/pid")
     for proc in psutil.process_iter(["pid", "name", "cmdline", "status"]):
         try:
