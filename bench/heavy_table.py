@@ -11,7 +11,10 @@ its file (``test_ray_elastic.py`` -> ray), else by its folder (``tests/platforms
 SIGTERM, SIGKILL, host loss, elastic, resume, else "cell"; a test that ran nothing (not marked slow:
 tests/conftest.py writes the junit property ``slow`` for those that are) is "no run", whatever its name
 (an elastic setting refused is not an elastic recovery). A case's seconds are its junit time, or the
-``case_seconds`` property a test records where a fixture ran its case beside others.
+``case_seconds`` property a test records where a fixture ran its case beside others. A test that checks a
+second path on the way (a host loss whose retry is the platform's cell across both hosts, asserted as such)
+records it in the junit property ``also_checks`` (path names, comma-separated): that column then says
+"1 passed (within host loss)", its seconds counted once, in the test's own column.
 """
 
 from __future__ import annotations
@@ -68,8 +71,9 @@ def read(junit: Path) -> list[dict]:
         # a case run by a module's fixture beside others (tests/platforms/side_by_side.py) records its own time
         own = prop.get("case_seconds")
         path = NO_RUN if marked and "slow" not in prop else path_of(classname, name)
+        also = [a.strip() for a in prop.get("also_checks", "").split(",") if a.strip()] if path != NO_RUN else []
         out.append({"test": f"{classname}::{name}", "platform": platform_of(classname, name),
-                     "path": path, "outcome": outcome,
+                     "path": path, "also": also, "outcome": outcome,
                      "seconds": float(own if own is not None else case.get("time", 0))})
     return out
 
@@ -78,21 +82,26 @@ def table(cases: list[dict], platforms_only: bool = False) -> str:
     if platforms_only:  # the rest of a whole suite (data, Airflow, the shared loop) in no platform's row
         cases = [c for c in cases if c["platform"] != SHARED]
     cells: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    within: dict[tuple[str, str], list[dict]] = defaultdict(list)  # checked on the way by another path's test
     for case in cases:
         cells[case["platform"], case["path"]].append(case)
-    paths = sorted({c["path"] for c in cases})
+        for also in case.get("also", []):
+            within[case["platform"], also].append(case)
+    paths = sorted({c["path"] for c in cases} | {p for c in cases for p in c.get("also", [])})
     rows = sorted({c["platform"] for c in cases})
     lines = ["| platform | " + " | ".join(paths) + " |", "|---" * (len(paths) + 1) + "|"]
+
+    def outcomes(here: list[dict]) -> str:
+        counts = {o: sum(c["outcome"] == o for c in here) for o in ("passed", "failed", "skipped")}
+        return ", ".join(f"{n} {o}" for o, n in counts.items() if n)
+
     for platform in rows:
         row = []
         for path in paths:
-            here = cells.get((platform, path), [])
-            if not here:
-                row.append("")
-                continue
-            counts = {o: sum(c["outcome"] == o for c in here) for o in ("passed", "failed", "skipped")}
-            text = ", ".join(f"{n} {o}" for o, n in counts.items() if n)
-            row.append(f"{text} ({sum(c['seconds'] for c in here):.0f} s)")
+            here, on_the_way = cells.get((platform, path), []), within.get((platform, path), [])
+            parts = [f"{outcomes(here)} ({sum(c['seconds'] for c in here):.0f} s)"] if here else []
+            parts += [f"{outcomes([c])} (within {c['path']})" for c in on_the_way]
+            row.append("; ".join(parts))
         lines.append(f"| {platform} | " + " | ".join(row) + " |")
     total = sum(c["seconds"] for c in cases)
     failed = [c["test"] for c in cases if c["outcome"] == "failed"]

@@ -32,7 +32,8 @@ PLATFORM = register(Platform(
     cluster_files=("TF_CONFIG per worker: every worker's host:port and its own index (written by the adapter "
                    "from cluster.hosts here)",),
     features={"fault tolerance": (
-        "a failed attempt resumes from its tf.train.Checkpoint of the last epoch (the project's retry relaunches it)",
+        "a failed attempt (a lost host's too: tests/platforms/test_host_loss.py) resumes from its "
+        "tf.train.Checkpoint of the last epoch (the project's retry relaunches it)",
         "tests/platforms/tensorflow/test_tensorflow.py::test_a_failed_attempt_resumes_from_its_checkpoint")},
     # the ranks mark themselves (pid files); the per-host process that starts them is the platform's
     process_kinds=(("pipelines.platforms.tensorflow.launcher", "tf_launcher"),),
