@@ -22,9 +22,10 @@ from collections.abc import Callable
 import pytest
 
 # by engine; within a lane the cheapest first (measured, serial, on a quiet 2-core box: bench/RESULTS.md)
+# (the platforms without a cluster, ddp and determined, even the lanes out)
 LANES = (
-    ("ddp", "determined", "ray", "ray_per_job"),
-    ("tensorflow", "spark", "deepspeed", "spark_dataframe", "spark_per_job", "spark_dataframe_per_job"),
+    ("ddp", "ray", "ray_per_job"),
+    ("determined", "tensorflow", "spark", "deepspeed", "spark_dataframe", "spark_per_job", "spark_dataframe_per_job"),
 )
 
 

@@ -40,11 +40,9 @@ SIGKILL_MARKS = {
     # (before: torchrun and both ranks trained on to the last epoch, beside the cell's retry)
     "ddp": (),  # 12-14 s: 3 processes gone within 1.2 s
     "determined": (),  # 9 s: 3 processes gone within 1.1 s
-    # heavy: the case states an upstream behaviour (no fix of ours to guard at a landing)
-    "deepspeed": (HEAVY, pytest.mark.xfail(strict=True, reason=(
-        "DeepSpeed's runner (deepspeed.launcher.runner) gets SIGTERM from the kernel (run_to_end's "
-        "PR_SET_PDEATHSIG) and dies without passing it on: its child deepspeed.launcher.launch and the 2 ranks "
-        "keep training. Measured: the runner gone in 0.2 s, the other 3 still running 30 s later")),),  # 44 s
+    # DeepSpeed's runner dies of the kernel's SIGTERM without passing it on; its guard (pipelines.cluster.tree_guard)
+    # stops the rest (before: its launch process and both ranks still trained 30 s later)
+    "deepspeed": (),  # 25 s: 5 processes gone within 1.0 s
     "spark": (),  # 19 s: all 5-6 processes gone within 1.4 s (pyspark's torch_run_process_wrapper, py4j's pipe)
     "spark_per_job": (HEAVY,),  # 86 s: 16-17 processes gone within 3.5 s (PDEATHSIG on the cell's own cluster)
     "spark_dataframe": (HEAVY,),  # 85 s: 16-19 processes gone within 3.4 s (PDEATHSIG on the run's cluster)
@@ -53,14 +51,13 @@ SIGKILL_MARKS = {
     # the cell's own Ray cluster, under its driver process (pipelines/platforms/driver.py), which gets SIGTERM from
     # the kernel and takes its whole tree down: 16 processes gone within 7.5 s (before, with ray.init in the CLI:
     # Ray's DashboardAgent and RuntimeEnvAgent ran on ~61 s after the SIGKILL)
-    # heavy (CI's time): the per-job lifetime runs in CI in tests/platforms/test_lifetimes.py and test_phases_add_up.py
-    "ray_per_job": (HEAVY,),  # 44 s side by side
+    "ray_per_job": (),  # 44 s side by side
     # the launcher (launcher.py) gets SIGTERM from the kernel (run_to_end's PR_SET_PDEATHSIG) and stops its
     # ranks, which die with it too (their own PR_SET_PDEATHSIG)
     "tensorflow": (),  # 15 s
 }
 # platforms whose SIGKILL case is heavy: run by the heavy tier (bench/heavy_tier.sh), not at a landing
-SIGKILL_HEAVY_ONLY = {"deepspeed", "ray_per_job", "spark_per_job", "spark_dataframe", "spark_dataframe_per_job"}
+SIGKILL_HEAVY_ONLY = {"spark_per_job", "spark_dataframe", "spark_dataframe_per_job"}
 
 
 def test_the_platforms_whose_sigkill_case_runs_here_are_counted_not_assumed(runs_here):

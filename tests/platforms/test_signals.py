@@ -193,8 +193,7 @@ SIGTERM_MARKS = {
     # its own handler (signals.end_tree_on_signal) raises nothing Ray could swallow (before: ray.get swallowed
     # the handler's exception and ~20 more epochs trained in the 42 s after the signal)
     "ray": (),  # 31 s
-    # heavy (CI's time): the per-job lifetime runs in CI in tests/platforms/test_lifetimes.py and test_phases_add_up.py
-    "ray_per_job": (HEAVY,),  # 51 s side by side
+    "ray_per_job": (),  # 51 s side by side
     # run_to_end's SIGTERM to the per-host launcher (launcher.py), whose handler stops its ranks
     "tensorflow": (),  # 24 s
 }
@@ -269,7 +268,7 @@ def test_sigterm_stops_every_process_of_the_cell(backend, sigterm_outcomes, reco
 
 # platforms whose SIGTERM case is heavy: run by the heavy tier (bench/heavy_tier.sh), not at a landing.
 # Stated here so CI's count of covered platforms does not rest on deselected cases (issue 45: make them cheap)
-SIGTERM_HEAVY_ONLY = {"ray_per_job", "spark_per_job", "spark_dataframe", "spark_dataframe_per_job"}
+SIGTERM_HEAVY_ONLY = {"spark_per_job", "spark_dataframe", "spark_dataframe_per_job"}
 
 
 def test_every_platform_has_a_signal_case():

@@ -92,8 +92,10 @@ def accelerator_env(env: dict[str, str], gpus: bool | None = None) -> dict[str, 
 
 def execute(cmd: list[str], env: dict[str, str], log_path: Path) -> None:
     """Run one ``deepspeed`` launcher to completion, teeing its output to ``log_path``; raise with
-    the tail when it fails. Interrupted, it stops the launcher's tree."""
-    run_to_end(cmd, env, log_path, what="deepspeed", grace_s=STOP_GRACE_S)
+    the tail when it fails. Interrupted, it stops the launcher's tree; killed outright, its guard does (the
+    runner dies of the kernel's SIGTERM without passing it on: pipelines.cluster.tree_guard)."""
+    guarded = [sys.executable, "-m", "pipelines.cluster.tree_guard", "--grace-s", str(STOP_GRACE_S), "--", *cmd]
+    run_to_end(guarded, env, log_path, what="deepspeed", grace_s=STOP_GRACE_S + 5)
 
 
 class DeepSpeedBackend(TrainingBackend):
