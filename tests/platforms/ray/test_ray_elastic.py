@@ -103,7 +103,8 @@ def test_ray_loses_a_worker_node_and_goes_on_with_one_worker_by_itself(tmp_path,
     from pipelines.training import checkpoint as ckpt
 
     result, cell, took = _lose_a_host(tmp_path, make_config, imdb_dir, bert_tiny_dir, "worker")
-    record_property("also_checks", "host loss")  # Ray's own recovery of a lost host: its host-loss case in CI
+    # Ray's own recovery of a lost host (its host-loss case in CI), after its standing cluster's cell trained across hosts
+    record_property("also_checks", "host loss, across hosts")
     assert result.status == "ok" and len(result.epochs) == 3 and result.test is not None, result.error
     assert [a.outcome for a in result.attempts] == ["ok"], result.attempts  # no project retry
     fault = result.fault
@@ -115,6 +116,14 @@ def test_ray_loses_a_worker_node_and_goes_on_with_one_worker_by_itself(tmp_path,
     assert cell.name.endswith("-w2-r0") and len(result.placements) == 1, result.placements  # the final group: h0's
     if "world_size_after_loss" in fault:  # the fault record's own account (pipelines.measure.faults)
         assert (fault["world_size_before"], fault["world_size_after_loss"]) == (2, 1), fault
+    # the first group (2 workers) trained across both hosts: its gradients crossed h1's link both ways, each
+    # way more than two all-reduces' worth of the model's fp32 parameters (measured: ~230 MB each way against
+    # ~17.6 MB of parameters)
+    from pipelines.training.model import build_model
+
+    model_bytes = sum(p.numel() * 4 for p in build_model(str(bert_tiny_dir), seed=0, num_labels=2)[0].parameters())
+    assert set(result.link_bytes) == {"h0", "h1"}, result.link_bytes
+    assert min(result.link_bytes["h1"].values()) > 2 * model_bytes, (result.link_bytes, model_bytes)
     print(f"\nray elastic lost h1: trained again {fault['recovery_seconds']:.1f}s later at world size 1, "
           f"test accuracy {result.test.accuracy:.3f}, test took {took:.0f}s")
 
