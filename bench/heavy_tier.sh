@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The heavy tier (tests marked `heavy`: larger repeats of paths CI runs once) in one command, then
 # its table, platform x path:  bash bench/heavy_tier.sh [OUT_DIR] [pytest args]
-# Needs root (emulated hosts) and the set-up of scripts/test.sh; takes over an hour on 2 cores
-# (bench/RESULTS.md, "Heavy tier"). Run it before a release, after a change to a platform's
+# Needs root (emulated hosts) and the set-up of scripts/test.sh; 53 tests in ~46 min on 2 cores
+# (bench/RESULTS.md, "the heavy tier again"). Run it before a release, after a change to a platform's
 # multi-host or fault path, or when a heavy test's file changed.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -166,7 +166,7 @@ if [ -n "${E2E_COMPOSE_IN_NAMESPACE:-}" ]; then
     # Bounded: TEARDOWN_S (240 s) covers these 30 + 60 + 120 s and dockerd's 30 s stop.
     timeout 30 "${COMPOSE[@]}" ps -a > "$ART/compose_ps.txt" 2>&1 || true
     timeout 60 "${COMPOSE[@]}" logs --no-color --timestamps > "$ART/compose.log" 2>&1 || true
-    timeout 120 "${COMPOSE[@]}" down -v --timeout 20 > "$ART/compose_down.log" 2>&1 \
+    timeout 120 "${COMPOSE[@]}" down -v --timeout 5 > "$ART/compose_down.log" 2>&1 \
       || log "compose down failed: see $ART/compose_down.log"
     timing down "$t"
     stop_dockerd
