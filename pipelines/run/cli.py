@@ -154,10 +154,15 @@ def _run_dir(args: argparse.Namespace) -> str:
     return stages.prepare_run(args.profile, overrides, run_id, cells)
 
 
+def _data_ready(run_dir: str) -> bool:
+    """The token shards are there (a resumed run, or cells trained in a run folder made earlier)."""
+    return any(RunPaths(Path(run_dir)).token_split("test").glob("part-*.parquet"))
+
+
 def _ensure_data(run_dir: str) -> None:
     """Run the data steps (runner.DATA_STEPS, the DAG's order) unless the token shards are
-    already there (a resumed run)."""
-    if not any(RunPaths(Path(run_dir)).token_split("test").glob("part-*.parquet")):
+    already there."""
+    if not _data_ready(run_dir):
         log.info("data stage: %s", json.dumps(runner.data_stage(run_dir), default=str))
 
 
@@ -175,7 +180,7 @@ def _command(args: argparse.Namespace) -> int:
     # spark_master=embedded: the run's own standalone cluster; cluster.kind=emulated: its hosts;
     # started and stopped as the DAG's setup/teardown tasks do, when training ends (or fails, or
     # a signal stops the run)
-    with stages.run_clusters(run_dir):
+    with stages.run_clusters(run_dir, data_stage=not _data_ready(run_dir)):
         _ensure_data(run_dir)
         if args.command == "train":
             try:

@@ -133,11 +133,13 @@ _CLI_OWNS_SERVICES = False  # inside run_clusters: the CLI owns the run's servic
 
 
 @contextlib.contextmanager
-def run_clusters(run_dir: str) -> Iterator[None]:
+def run_clusters(run_dir: str, data_stage: bool = True) -> Iterator[None]:
     """The CLI's services and clusters for the block: started with the DAG's setup functions (tied
     to this process: a SIGKILLed CLI leaves nothing behind) and stopped with its teardown
     functions, whatever happened, SIGTERM included: the services a cell started on demand (a
-    platform's standing cluster) too."""
+    platform's standing cluster) too. ``data_stage=False`` (the token shards are there): the
+    services the data stage would use are not started up front; a standing cell's come up on
+    demand (``services.before_cell``), so a cell that uses none waits for none."""
     from pipelines.measure.signals import raise_on_sigterm
 
     global _CLI_OWNS_SERVICES
@@ -146,7 +148,8 @@ def run_clusters(run_dir: str) -> Iterator[None]:
         try:
             _CLI_OWNS_SERVICES = True  # what a cell starts on demand ends with the CLI too
             stops.append(stop_services)
-            start_services(run_dir, tied_to_caller=True)
+            if data_stage:
+                start_services(run_dir, tied_to_caller=True)
             stops.append(stop_cluster)
             start_cluster(run_dir, tied_to_caller=True)
             yield

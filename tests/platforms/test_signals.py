@@ -179,6 +179,7 @@ def params(marks: dict[str, tuple]) -> list:
 HEAVY = pytest.mark.heavy
 # Each case's time alone on a quiet 2-core box (2026-12-06; side by side they take about the longer lane's time):
 # the cases of the embedded Spark cluster (a cluster per CLI, its JVMs busy) are heavy, the rest run at a landing
+# (all twenty at a landing: 330 s for this module's fixture against 112, bench/RESULTS.md 2026-12-08)
 SIGTERM_MARKS = {
     "ddp": (),  # 16 s
     "determined": (),  # 15 s
@@ -254,6 +255,9 @@ def test_sigterm_stops_every_process_of_the_cell(backend, sigterm_outcomes, reco
     assert not seen["alive"], f"still running 10 s after SIGTERM: {seen['alive']}"
     assert seen["returncode"] == 128 + signal.SIGTERM, out[-3000:]
     assert "stopped by SIGTERM" in out
+    if CASES[backend].master == "embedded" and platforms.get(backend).lifetime == "per_job":
+        # the token shards were there: the CLI started no run cluster for a cell that brings its own
+        assert "embedded Spark cluster: up in" not in out, out[-3000:]
 
     result = CellResult.read(cell.result)
     assert result.status == "failed" and "SIGTERM" in result.error

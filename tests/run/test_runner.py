@@ -122,6 +122,13 @@ def test_the_cli_starts_and_stops_its_clusters_with_the_dags_functions(monkeypat
     assert calls == [("start_services", True), ("start_cluster", True), ("block",), ("stop_cluster",),
                      ("stop_services",)]
 
+    # the token shards already there: nothing is started for the data stage, what a cell started on
+    # demand is still stopped (the CLI's `train` of a per-job cell waits for no run cluster)
+    calls.clear()
+    with stages.run_clusters(str(tmp_path), data_stage=False):
+        calls.append(("block",))
+    assert calls == [("start_cluster", True), ("block",), ("stop_cluster",), ("stop_services",)]
+
 
 
 def test_a_local_run_has_no_cluster_to_start_or_stop(make_config, tmp_path):

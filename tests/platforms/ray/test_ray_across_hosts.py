@@ -106,7 +106,10 @@ def ray_daemons() -> set[tuple[int, str]]:
 _NO_NETNS = why_unavailable()
 
 
-@pytest.mark.slow  # in CI: Ray's cell across hosts (45-50 s alone)
+@pytest.mark.slow  # 45-50 s alone
+# heavy: at a landing ray_per_job's cross-host cell is its host-loss case's retry (tests/platforms/test_host_loss.py),
+# which checks that nothing of it is left on the hosts; this one adds its phases and its scratch folders
+@pytest.mark.heavy
 @pytest.mark.skipif(_NO_NETNS is not None, reason=str(_NO_NETNS))
 @pytest.mark.parametrize("backend", ["ray_per_job"])  # the cell's own cluster on the hosts (named: its id says so)
 def test_a_ray_cell_across_two_emulated_hosts(backend, tmp_path, imdb_dir, bert_tiny_dir):

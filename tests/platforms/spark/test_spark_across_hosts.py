@@ -123,9 +123,12 @@ _NO_NETNS = why_unavailable()
 
 @pytest.mark.slow
 @pytest.mark.skipif(_NO_NETNS is not None, reason=str(_NO_NETNS))
-# the files feed in CI (60-70 s alone); the DataFrame feed (80 s) heavy: the same cluster launch across the
-# hosts, its feed checked on a standalone cluster in CI (tests/platforms/spark/test_spark_dataframe.py)
-@pytest.mark.parametrize("backend", ["spark_per_job", pytest.param("spark_dataframe_per_job", marks=pytest.mark.heavy)])
+# heavy (60-80 s each): at a landing spark_per_job's cross-host cell is its host-loss case's retry
+# (tests/platforms/test_host_loss.py), which checks that nothing of it is left on the hosts; this one adds its
+# phases, its worker logs and that no Spark JVM of it is left anywhere; the DataFrame feed is checked on a
+# standalone cluster at a landing (tests/platforms/spark/test_spark_dataframe.py)
+@pytest.mark.heavy
+@pytest.mark.parametrize("backend", ["spark_per_job", "spark_dataframe_per_job"])
 def test_a_spark_cell_across_two_emulated_hosts(backend, tmp_path, imdb_dir, bert_tiny_dir):
     from pipelines.run.cells import run_cell
     from pipelines.cluster import EmulatedCluster
